@@ -1,0 +1,3 @@
+from .backend import StubBackend
+
+__all__ = ["StubBackend"]

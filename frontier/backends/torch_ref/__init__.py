@@ -1,0 +1,3 @@
+from .backend import TorchRefBackend
+
+__all__ = ["TorchRefBackend"]

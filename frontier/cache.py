@@ -1,0 +1,126 @@
+"""The draft KV cache: the draft layer's keys/values for the context rows.
+
+Preallocated to ``max_length`` rows. A draft call writes the K/V of its ``n`` new context rows
+into rows ``[length, length + n)`` and only then advances ``length`` (:meth:`commit`), so a call
+that fails part-way leaves the cache exactly as it was (rows past ``length`` are scratch).
+The tree's own K/V never enter the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .config import FrontierConfig
+from .errors import CacheError
+
+DEFAULT_MAX_LENGTH = 4096
+
+
+class DraftCache:
+    """Keys/values ``[num_layers, num_kv_heads, max_length, head_dim]`` plus a committed length."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        *,
+        dtype: torch.dtype,
+        device: Any,
+    ) -> None:
+        if max_length < 1:
+            raise CacheError(f"max_length must be positive, got max_length={max_length}")
+        self.k = torch.zeros(num_layers, num_kv_heads, max_length, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    @classmethod
+    def for_config(
+        cls, cfg: FrontierConfig, *, max_length: int = DEFAULT_MAX_LENGTH, dtype: torch.dtype, device: Any
+    ) -> "DraftCache":
+        cfg.require_layer_dims("DraftCache")
+        return cls(cfg.num_layers, cfg.num_key_value_heads, cfg.head_dim, max_length, dtype=dtype, device=device)
+
+    # --------------------------------------------------------------------------------------
+    @property
+    def max_length(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    def check_compatible(self, cfg: FrontierConfig, dtype: torch.dtype, device: torch.device) -> None:
+        expect = (cfg.num_layers, cfg.num_key_value_heads, cfg.head_dim)
+        have = (self.k.shape[0], self.k.shape[1], self.k.shape[3])
+        if have != expect:
+            raise CacheError(
+                f"cache has (layers, kv heads, head dim) = {have}, the config needs {expect}"
+            )
+        if self.dtype != dtype:
+            raise CacheError(f"cache dtype is {self.dtype}, the weights are {dtype}")
+        if self.device != device:
+            raise CacheError(f"cache is on {self.device}, the weights on {device}")
+
+    def check_room(self, n: int) -> None:
+        if self.length + n > self.max_length:
+            raise CacheError(
+                f"draft cache overflow: {self.length} cached + {n} new rows > max_length={self.max_length}; "
+                "start a larger cache (cache_max_length=...) or truncate it"
+            )
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write rows ``[start, start + n)`` of one layer (k, v: [n_kv, n, d]); does not commit."""
+        n = k.shape[1]
+        if start < self.length:
+            raise CacheError(f"refusing to overwrite committed cache rows ({start} < length {self.length})")
+        if start + n > self.max_length:
+            raise CacheError(f"draft cache overflow: rows up to {start + n} > max_length={self.max_length}")
+        self.k[layer, :, start : start + n] = k
+        self.v[layer, :, start : start + n] = v
+
+    def keys(self, layer: int, upto: Optional[int] = None) -> torch.Tensor:
+        """[n_kv, upto, d] view of one layer's keys (default: the committed rows)."""
+        return self.k[layer, :, : self.length if upto is None else upto]
+
+    def values(self, layer: int, upto: Optional[int] = None) -> torch.Tensor:
+        return self.v[layer, :, : self.length if upto is None else upto]
+
+    def commit(self, new_length: int) -> None:
+        if not self.length <= new_length <= self.max_length:
+            raise CacheError(f"cannot commit length {new_length} (length {self.length}, max {self.max_length})")
+        self.length = new_length
+
+    def truncate(self, length: int) -> None:
+        """Forget rows past ``length`` (e.g. to roll the draft back with the target)."""
+        if not 0 <= length <= self.length:
+            raise CacheError(f"cannot truncate to {length}: the cache holds {self.length} rows")
+        self.length = length
+
+    def clone(self) -> "DraftCache":
+        other = DraftCache.__new__(DraftCache)
+        other.k, other.v, other.length = self.k.clone(), self.v.clone(), self.length
+        return other
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftCache(length={self.length}, max_length={self.max_length}, layers={self.num_layers}, "
+            f"kv_heads={self.k.shape[1]}, head_dim={self.k.shape[3]}, dtype={self.dtype}, device={self.device})"
+        )
+
+
+__all__ = ["DraftCache", "DEFAULT_MAX_LENGTH"]

@@ -1,0 +1,1 @@
+"""Subcommands of the ``frontier`` CLI (see :mod:`frontier.cli`)."""

@@ -1,0 +1,70 @@
+"""``frontier demo``: draft one tree on the CPU from a small random head and draw it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="draft a tree on CPU with a small random EAGLE-3 head (no downloads) and draw it")
+    p.add_argument("--backend", default="torch_ref", help="backend to draft with (default: torch_ref)")
+    p.add_argument("--total-token", type=int, default=24)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--context", type=int, default=16, help="context length L")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--head", default=None, help="local EAGLE head directory instead of a random head")
+    p.add_argument("--sampling", action="store_true", help="order retrieve_indices for sampling verification")
+    p.add_argument("--json", action="store_true", help="print the Frontier as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from ..api import frontier_generate
+    from ..random_head import random_config, random_inputs, random_weights
+    from ..registry import get_backend
+    from .render import render_tree
+
+    torch.manual_seed(args.seed)
+    cfg = random_config(
+        total_token=args.total_token,
+        depth=args.depth,
+        top_k=args.top_k,
+        vocab_size=256,
+        target_vocab_size=1024,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    )
+    weights = None
+    if args.head:
+        from ..loading import load_draft_head
+
+        head = load_draft_head(args.head, device="cpu", dtype=torch.float32)
+        weights, cfg = head.weights, head.config(total_token=args.total_token, depth=args.depth, top_k=args.top_k)
+    backend = get_backend(args.backend)
+    if getattr(backend, "requires_weights", False) and weights is None:
+        weights = random_weights(cfg, seed=args.seed, lm_head_scale=6.0)
+    ids, feats = random_inputs(cfg, context=args.context, seed=args.seed)
+    kwargs = {"weights": weights} if getattr(backend, "requires_weights", False) else {}
+    t0 = time.perf_counter()
+    fr = frontier_generate(cfg, feats, backend=args.backend, input_ids=ids, sampling=args.sampling, **kwargs)
+    ms = (time.perf_counter() - t0) * 1e3
+    fr.check_invariants(total_token=cfg.total_token, depth=cfg.depth, top_k=cfg.top_k, sampling=args.sampling)
+    if args.json:
+        print(json.dumps(fr.to_dict()))
+        return 0
+    print(
+        f"backend={args.backend}  T={cfg.total_token} depth={cfg.depth} top_k={cfg.top_k}  "
+        f"context L={args.context}  head={'random EAGLE-3 (H=%d, V=%d)' % (cfg.hidden_size, cfg.vocab_size) if not args.head else args.head}"
+    )
+    print(render_tree(fr))
+    leaves = fr.retrieve_indices.shape[0]
+    print(f"\n{cfg.total_token} nodes, {leaves} leaves, max depth {int(fr.tree_position_ids.max())}, drafted in {ms:.1f} ms")
+    return 0

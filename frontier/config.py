@@ -1,0 +1,233 @@
+"""`FrontierConfig`: the tree shape of a draft call plus the draft layer's dimensions.
+
+The five tree/vocabulary fields (``total_token``, ``depth``, ``top_k``, ``vocab_size``,
+``hidden_size``) are enough for the weight-free stub backend. Backends that run the real
+draft layer also need the layer dimensions; :meth:`FrontierConfig.require_layer_dims`
+checks for them and names what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from .errors import ConfigError
+
+Architecture = Literal["eagle3", "eagle2"]
+
+#: Layer-dimension fields that only weight-carrying backends need.
+LAYER_FIELDS = ("num_attention_heads", "intermediate_size")
+
+
+class FrontierConfig(BaseModel):
+    """Frozen configuration of one draft head and its tree.
+
+    Symbols follow SPEC.md: ``T = total_token`` (tree size including the root),
+    ``D = depth``, ``K = top_k``, ``V = vocab_size`` (draft vocabulary), ``H = hidden_size``,
+    ``F = feature_size``, ``V_t = target_vocab_size``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+    # --- tree shape and vocabulary (enough for the stub) -------------------------------------
+    total_token: int
+    depth: int
+    top_k: int
+    vocab_size: int
+    hidden_size: int
+
+    # --- the draft layer (needed by torch_ref / triton) --------------------------------------
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None  # defaults to num_attention_heads
+    head_dim: Optional[int] = None  # defaults to hidden_size // num_attention_heads
+    intermediate_size: Optional[int] = None
+    feature_size: Optional[int] = None  # F; defaults to 3*H (eagle3) or H (eagle2)
+    target_vocab_size: Optional[int] = None  # V_t; defaults to vocab_size
+    num_layers: int = 1  # eagle2 heads may stack layers; eagle3 has exactly one
+    fc_bias: Optional[bool] = None  # eagle2 fc has a bias by default; eagle3 never
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict[str, Any]] = None  # None or {"type": "linear", "factor": f}
+    rms_norm_eps: float = 1e-6
+    architecture: Architecture = "eagle3"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation_error(exc)) from None
+
+    # ------------------------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> "FrontierConfig":
+        problems: list[str] = []
+        for name in ("total_token", "depth", "top_k", "vocab_size", "hidden_size", "num_layers"):
+            value = getattr(self, name)
+            if value < 1:
+                problems.append(f"{name} must be positive, got {name}={value}")
+        if self.total_token < 2:
+            problems.append(
+                f"total_token counts the root, so it must be at least 2, got total_token={self.total_token}"
+            )
+        for name in (
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "feature_size",
+            "target_vocab_size",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be positive, got {name}={value}")
+        if self.rope_theta <= 0:
+            problems.append(f"rope_theta must be positive, got rope_theta={self.rope_theta}")
+        if self.rms_norm_eps <= 0:
+            problems.append(f"rms_norm_eps must be positive, got rms_norm_eps={self.rms_norm_eps}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+        # Derived defaults (the model is frozen, so set through object.__setattr__).
+        if self.num_attention_heads is not None:
+            if self.num_key_value_heads is None:
+                object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+            if self.head_dim is None:
+                if self.hidden_size % self.num_attention_heads:
+                    problems.append(
+                        f"num_attention_heads must divide hidden_size, got hidden_size={self.hidden_size}, "
+                        f"num_attention_heads={self.num_attention_heads}"
+                    )
+                else:
+                    object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+            if self.num_attention_heads % self.num_key_value_heads:
+                problems.append(
+                    f"num_key_value_heads must divide num_attention_heads, got "
+                    f"num_attention_heads={self.num_attention_heads}, num_key_value_heads={self.num_key_value_heads}"
+                )
+        elif self.num_key_value_heads is not None or self.head_dim is not None:
+            problems.append("num_key_value_heads/head_dim given without num_attention_heads")
+        if self.head_dim is not None and self.head_dim % 2:
+            problems.append(f"head_dim must be even for rotary embeddings, got head_dim={self.head_dim}")
+        if self.feature_size is None:
+            object.__setattr__(
+                self, "feature_size", 3 * self.hidden_size if self.architecture == "eagle3" else self.hidden_size
+            )
+        if self.target_vocab_size is None:
+            object.__setattr__(self, "target_vocab_size", self.vocab_size)
+        if self.fc_bias is None:
+            object.__setattr__(self, "fc_bias", self.architecture == "eagle2")
+
+        # Cross-field rules of the tree.
+        max_nodes = self.top_k + self.depth * self.top_k**2
+        if self.total_token - 1 > max_nodes:
+            problems.append(
+                f"total_token - 1 cannot exceed top_k + depth * top_k**2 (the candidate list length): "
+                f"total_token={self.total_token}, top_k={self.top_k}, depth={self.depth}, "
+                f"so total_token must be <= {max_nodes + 1}"
+            )
+        if self.top_k > self.vocab_size:
+            problems.append(f"top_k must be <= vocab_size, got top_k={self.top_k}, vocab_size={self.vocab_size}")
+        if self.vocab_size > self.target_vocab_size:
+            problems.append(
+                f"vocab_size (draft vocabulary) cannot exceed target_vocab_size, got vocab_size={self.vocab_size}, "
+                f"target_vocab_size={self.target_vocab_size}"
+            )
+        if self.architecture == "eagle3":
+            if self.num_layers != 1:
+                problems.append(f"architecture='eagle3' has exactly one layer, got num_layers={self.num_layers}")
+            if self.fc_bias:
+                problems.append("architecture='eagle3' has no fc bias, got fc_bias=True")
+        else:
+            if self.vocab_size != self.target_vocab_size:
+                problems.append(
+                    "architecture='eagle2' uses the target's lm_head, so vocab_size must equal target_vocab_size, "
+                    f"got vocab_size={self.vocab_size}, target_vocab_size={self.target_vocab_size}"
+                )
+            if self.feature_size != self.hidden_size:
+                problems.append(
+                    "architecture='eagle2' takes the target's last hidden state, so feature_size must equal "
+                    f"hidden_size, got feature_size={self.feature_size}, hidden_size={self.hidden_size}"
+                )
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            factor = self.rope_scaling.get("factor")
+            if kind != "linear":
+                problems.append(
+                    f"rope_scaling type {kind!r} is not supported (supported: None, 'linear'), "
+                    f"got rope_scaling={self.rope_scaling}"
+                )
+            elif not isinstance(factor, (int, float)) or factor <= 0:
+                problems.append(f"rope_scaling 'linear' needs a positive 'factor', got rope_scaling={self.rope_scaling}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def max_total_token(self) -> int:
+        """Largest allowed ``total_token`` for this ``top_k``/``depth``: ``1 + K + D*K^2``."""
+        return 1 + self.top_k + self.depth * self.top_k**2
+
+    @property
+    def num_candidates(self) -> int:
+        """Candidate-list length ``K + D*K^2`` (SPEC step 3)."""
+        return self.top_k + self.depth * self.top_k**2
+
+    @property
+    def has_layer_dims(self) -> bool:
+        return all(getattr(self, f) is not None for f in LAYER_FIELDS)
+
+    @property
+    def rope_scaling_factor(self) -> float:
+        """Linear position-interpolation factor (1.0 when ``rope_scaling`` is None)."""
+        if self.rope_scaling is None:
+            return 1.0
+        return float(self.rope_scaling["factor"])
+
+    def require_layer_dims(self, who: str = "this backend") -> None:
+        """Raise :class:`ConfigError` naming the layer fields a weight-carrying backend needs."""
+        missing = [f for f in LAYER_FIELDS if getattr(self, f) is None]
+        if missing:
+            raise ConfigError(
+                f"{who} runs the draft layer and needs {', '.join(missing)} in FrontierConfig "
+                f"(only the tree fields were given); use FrontierConfig.from_ea_layer(...) or set them"
+            )
+
+    def replace(self, **changes: Any) -> "FrontierConfig":
+        """A copy with some fields changed, re-validated (derived defaults are recomputed
+        only for the fields that were not set explicitly)."""
+        data = self.model_dump(exclude_unset=True)
+        data.update(changes)
+        return FrontierConfig(**data)
+
+    @classmethod
+    def from_ea_layer(cls, layer: Any, *, total_token: int, depth: int, top_k: int, **overrides: Any) -> "FrontierConfig":
+        """Derive the config from an EAGLE-style module (public attribute names).
+
+        See :func:`frontier.weights.config_from_ea_layer`.
+        """
+        from .weights import config_from_ea_layer
+
+        return config_from_ea_layer(layer, total_token=total_token, depth=depth, top_k=top_k, **overrides)
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = err.get("msg", "")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err.get("type") == "extra_forbidden":
+            msg = f"unknown field {loc!r} (FrontierConfig rejects unknown fields)"
+            loc = ""
+        elif err.get("type") == "missing":
+            msg = f"missing required field {loc!r}"
+            loc = ""
+        elif loc and "input" in err:
+            msg = f"{msg} (got {loc}={err['input']!r})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid FrontierConfig: " + "; ".join(parts)
+
+
+__all__ = ["FrontierConfig", "Architecture"]

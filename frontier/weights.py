@@ -1,0 +1,361 @@
+"""Draft-head weights: one container shared by every weight-carrying backend and the loader.
+
+Built from an EAGLE-style module (public attribute names) or a state dict with the public
+key names. EAGLE-3 keys::
+
+    fc.weight [H, F]            midlayer.self_attn.{q,k,v,o}_proj.weight
+    midlayer.mlp.{gate,up,down}_proj.weight
+    midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight
+    norm.weight [H]             lm_head.weight [V, H]
+    embed_tokens.weight [V_t, H]  d2t [V] (offsets)   (t2d is accepted and ignored)
+
+EAGLE-2 keys: ``fc.weight [H, 2H]``, ``fc.bias [H]``, ``layers.N.self_attn.*``,
+``layers.N.mlp.*``, ``layers.N.post_attention_layernorm.weight``,
+``layers.N.input_layernorm.weight`` (N >= 1 only), ``embed_tokens.weight``; the target's
+lm_head is passed separately (``lm_head=``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+
+from .config import FrontierConfig
+from .errors import WeightsError
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Linear weights are stored as ``[out, in]`` (nn.Linear layout)."""
+
+    q_proj: torch.Tensor  # [n_heads*d, in]  in = 2H (eagle3) or H (eagle2)
+    k_proj: torch.Tensor  # [n_kv*d, in]
+    v_proj: torch.Tensor  # [n_kv*d, in]
+    o_proj: torch.Tensor  # [H, n_heads*d]
+    gate_proj: torch.Tensor  # [I, H]
+    up_proj: torch.Tensor  # [I, H]
+    down_proj: torch.Tensor  # [H, I]
+    post_attention_layernorm: torch.Tensor  # [H]
+    input_layernorm: Optional[torch.Tensor] = None  # [H]; absent for eagle2 layer 0
+
+
+@dataclass
+class DraftWeights:
+    """All tensors of a draft head, on one device, in one floating dtype (d2t is int64)."""
+
+    architecture: str
+    embed_tokens: torch.Tensor  # [V_t, H]
+    fc_weight: torch.Tensor  # [H, F] (eagle3) | [H, 2H] (eagle2)
+    layers: list[LayerWeights]
+    lm_head: torch.Tensor  # [V, H] draft lm_head (eagle3) | target lm_head (eagle2)
+    fc_bias: Optional[torch.Tensor] = None  # [H] (eagle2 with bias)
+    hidden_norm: Optional[torch.Tensor] = None  # [H] (eagle3)
+    norm: Optional[torch.Tensor] = None  # [H] final norm before lm_head (eagle3)
+    d2t: Optional[torch.Tensor] = None  # [V] int64 offsets: target = draft + d2t[draft]
+
+    # --------------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.device
+
+    def tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """(public key name, tensor) pairs."""
+        prefix = "midlayer" if self.architecture == "eagle3" else "layers.{i}"
+        yield "embed_tokens.weight", self.embed_tokens
+        yield "fc.weight", self.fc_weight
+        if self.fc_bias is not None:
+            yield "fc.bias", self.fc_bias
+        for i, layer in enumerate(self.layers):
+            p = prefix.format(i=i)
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                yield f"{p}.self_attn.{name}.weight", getattr(layer, name)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                yield f"{p}.mlp.{name}.weight", getattr(layer, name)
+            if layer.input_layernorm is not None:
+                yield f"{p}.input_layernorm.weight", layer.input_layernorm
+            yield f"{p}.post_attention_layernorm.weight", layer.post_attention_layernorm
+        if self.hidden_norm is not None:
+            yield "midlayer.hidden_norm.weight", self.hidden_norm
+        if self.norm is not None:
+            yield "norm.weight", self.norm
+        yield "lm_head.weight", self.lm_head
+        if self.d2t is not None:
+            yield "d2t", self.d2t
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.tensors())
+
+    def to(self, device: Any = None, dtype: Optional[torch.dtype] = None) -> "DraftWeights":
+        """A copy moved/cast (floating tensors take ``dtype``; d2t stays int64)."""
+
+        def conv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            if t is None:
+                return None
+            if t.is_floating_point():
+                return t.to(device=device, dtype=dtype or t.dtype)
+            return t.to(device=device)
+
+        layers = [LayerWeights(**{f.name: conv(getattr(l, f.name)) for f in fields(LayerWeights)}) for l in self.layers]
+        return replace(
+            self,
+            embed_tokens=conv(self.embed_tokens),
+            fc_weight=conv(self.fc_weight),
+            fc_bias=conv(self.fc_bias),
+            layers=layers,
+            lm_head=conv(self.lm_head),
+            hidden_norm=conv(self.hidden_norm),
+            norm=conv(self.norm),
+            d2t=conv(self.d2t),
+        )
+
+    def layer_bytes(self) -> int:
+        """Bytes of the layer weights (all layers) plus the lm_head: what one depth streams."""
+        total = self.lm_head.numel() * self.lm_head.element_size()
+        for layer in self.layers:
+            for f in fields(LayerWeights):
+                t = getattr(layer, f.name)
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        if self.norm is not None:
+            total += self.norm.numel() * self.norm.element_size()
+        if self.hidden_norm is not None:
+            total += self.hidden_norm.numel() * self.hidden_norm.element_size()
+        return total
+
+    def fc_bytes(self) -> int:
+        n = self.fc_weight.numel() * self.fc_weight.element_size()
+        if self.fc_bias is not None:
+            n += self.fc_bias.numel() * self.fc_bias.element_size()
+        return n
+
+    # --------------------------------------------------------------------------------------
+    def validate(self, cfg: FrontierConfig, *, where: str = "weights") -> "DraftWeights":
+        """Check every tensor against ``cfg``; raise :class:`WeightsError` naming key and shapes."""
+        cfg.require_layer_dims("validating draft weights")
+        h, f, v, vt = cfg.hidden_size, cfg.feature_size, cfg.vocab_size, cfg.target_vocab_size
+        qd, kvd, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+        if self.architecture != cfg.architecture:
+            raise WeightsError(
+                f"{where}: weights are for architecture {self.architecture!r} but the config says {cfg.architecture!r}"
+            )
+        if len(self.layers) != cfg.num_layers:
+            raise WeightsError(f"{where}: {len(self.layers)} layer(s) in the weights, config num_layers={cfg.num_layers}")
+        attn_in = 2 * h if cfg.architecture == "eagle3" else h
+        expect: dict[str, tuple[int, ...]] = {
+            "embed_tokens.weight": (vt, h),
+            "fc.weight": (h, f) if cfg.architecture == "eagle3" else (h, 2 * h),
+            "lm_head.weight": (v, h),
+        }
+        if cfg.fc_bias:
+            expect["fc.bias"] = (h,)
+        if cfg.architecture == "eagle3":
+            expect["midlayer.hidden_norm.weight"] = (h,)
+            expect["norm.weight"] = (h,)
+        prefix = "midlayer" if cfg.architecture == "eagle3" else "layers.{i}"
+        for i in range(cfg.num_layers):
+            p = prefix.format(i=i)
+            expect[f"{p}.self_attn.q_proj.weight"] = (qd, attn_in)
+            expect[f"{p}.self_attn.k_proj.weight"] = (kvd, attn_in)
+            expect[f"{p}.self_attn.v_proj.weight"] = (kvd, attn_in)
+            expect[f"{p}.self_attn.o_proj.weight"] = (h, qd)
+            expect[f"{p}.mlp.gate_proj.weight"] = (inter, h)
+            expect[f"{p}.mlp.up_proj.weight"] = (inter, h)
+            expect[f"{p}.mlp.down_proj.weight"] = (h, inter)
+            expect[f"{p}.post_attention_layernorm.weight"] = (h,)
+            if cfg.architecture == "eagle3" or i > 0:
+                expect[f"{p}.input_layernorm.weight"] = (h,)
+        have = self.state_dict()
+        for key, shape in expect.items():
+            t = have.get(key)
+            if t is None:
+                raise WeightsError(f"{where}: missing tensor {key!r} (expected shape {list(shape)})")
+            if tuple(t.shape) != shape:
+                raise WeightsError(
+                    f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
+                )
+        for key, t in have.items():
+            if key in expect or key == "d2t":
+                continue
+            raise WeightsError(f"{where}: unexpected tensor {key!r} for architecture {cfg.architecture!r}")
+        dtype, device = self.dtype, self.device
+        for key, t in have.items():
+            if key == "d2t":
+                continue
+            if t.dtype != dtype:
+                raise WeightsError(f"{where}: tensor {key!r} is {t.dtype}, the rest of the head is {dtype}")
+            if t.device != device:
+                raise WeightsError(f"{where}: tensor {key!r} is on {t.device}, the rest of the head on {device}")
+        if self.d2t is not None:
+            if tuple(self.d2t.shape) != (v,):
+                raise WeightsError(f"{where}: tensor 'd2t' has shape {list(self.d2t.shape)}, expected [{v}]")
+            if self.d2t.dtype != torch.int64:
+                raise WeightsError(f"{where}: tensor 'd2t' must be int64 offsets, got {self.d2t.dtype}")
+            if self.d2t.device != device:
+                raise WeightsError(f"{where}: tensor 'd2t' is on {self.d2t.device}, the rest of the head on {device}")
+        elif v != vt and cfg.architecture == "eagle3":
+            raise WeightsError(
+                f"{where}: missing tensor 'd2t' (expected shape [{v}]): vocab_size={v} < target_vocab_size={vt} "
+                "needs the draft->target offsets"
+            )
+        return self
+
+    # --------------------------------------------------------------------------------------
+    @classmethod
+    def from_state_dict(
+        cls,
+        state: Mapping[str, torch.Tensor],
+        *,
+        architecture: Optional[str] = None,
+        lm_head: Optional[torch.Tensor] = None,
+        embed_tokens: Optional[torch.Tensor] = None,
+        where: str = "state dict",
+    ) -> "DraftWeights":
+        """Build from public key names. The architecture is detected from the keys unless given.
+
+        ``lm_head``/``embed_tokens`` supply tensors the head does not ship (the target's lm_head
+        for eagle2, the target's embedding for eagle3 heads).
+        """
+        keys = set(state)
+        arch = architecture or detect_architecture(keys)
+        if arch not in ("eagle3", "eagle2"):
+            raise WeightsError(f"{where}: architecture must be 'eagle3' or 'eagle2', got {arch!r}")
+
+        def need(key: str, value: Optional[torch.Tensor] = None) -> torch.Tensor:
+            t = value if value is not None else state.get(key)
+            if t is None:
+                raise WeightsError(f"{where}: missing tensor {key!r}")
+            return t
+
+        emb = need("embed_tokens.weight", embed_tokens)
+        if arch == "eagle3":
+            layer_prefixes = ["midlayer"]
+        else:
+            idx = sorted({int(k.split(".")[1]) for k in keys if k.startswith("layers.") and k.split(".")[1].isdigit()})
+            if not idx:
+                raise WeightsError(f"{where}: no 'layers.N.*' tensors found for an eagle2 head")
+            if idx != list(range(len(idx))):
+                raise WeightsError(f"{where}: eagle2 layers must be numbered 0..N-1, found {idx}")
+            layer_prefixes = [f"layers.{i}" for i in idx]
+        layers = []
+        for i, p in enumerate(layer_prefixes):
+            has_in_norm = arch == "eagle3" or i > 0
+            layers.append(
+                LayerWeights(
+                    q_proj=need(f"{p}.self_attn.q_proj.weight"),
+                    k_proj=need(f"{p}.self_attn.k_proj.weight"),
+                    v_proj=need(f"{p}.self_attn.v_proj.weight"),
+                    o_proj=need(f"{p}.self_attn.o_proj.weight"),
+                    gate_proj=need(f"{p}.mlp.gate_proj.weight"),
+                    up_proj=need(f"{p}.mlp.up_proj.weight"),
+                    down_proj=need(f"{p}.mlp.down_proj.weight"),
+                    post_attention_layernorm=need(f"{p}.post_attention_layernorm.weight"),
+                    input_layernorm=need(f"{p}.input_layernorm.weight") if has_in_norm else None,
+                )
+            )
+        head = lm_head if lm_head is not None else state.get("lm_head.weight")
+        if head is None:
+            hint = " (eagle2 heads use the target's lm_head: pass lm_head=)" if arch == "eagle2" else ""
+            raise WeightsError(f"{where}: missing tensor 'lm_head.weight'{hint}")
+        d2t = state.get("d2t")
+        return cls(
+            architecture=arch,
+            embed_tokens=emb,
+            fc_weight=need("fc.weight"),
+            fc_bias=state.get("fc.bias"),
+            layers=layers,
+            lm_head=head,
+            hidden_norm=need("midlayer.hidden_norm.weight") if arch == "eagle3" else None,
+            norm=need("norm.weight") if arch == "eagle3" else None,
+            d2t=d2t.long() if d2t is not None else None,
+        )
+
+    @classmethod
+    def from_ea_layer(cls, layer: Any, *, lm_head: Any = None) -> "DraftWeights":
+        """Build from an EAGLE-style module (``model.ea_layer``) with the public attribute names."""
+        if not hasattr(layer, "state_dict"):
+            raise WeightsError(f"ea_layer must be a torch.nn.Module with the EAGLE attribute names, got {type(layer).__name__}")
+        state = {k: v.detach() for k, v in layer.state_dict().items()}
+        head = lm_head.weight if isinstance(lm_head, torch.nn.Module) else lm_head
+        arch = detect_architecture(set(state))
+        if arch == "eagle3" and hasattr(layer, "config"):
+            # Public EAGLE-3 modules always carry a d2t buffer; when the draft vocabulary equals the
+            # target vocabulary the reference ignores it, and so do we.
+            c = layer.config
+            if getattr(c, "draft_vocab_size", None) == getattr(c, "vocab_size", None):
+                state.pop("d2t", None)
+        state.pop("t2d", None)
+        return cls.from_state_dict(state, architecture=arch, lm_head=None if head is None else head.detach(), where="ea_layer")
+
+
+def detect_architecture(keys: Iterable[str]) -> str:
+    keys = set(keys)
+    if any(k.startswith("midlayer.") for k in keys):
+        return "eagle3"
+    if any(k.startswith("layers.") for k in keys):
+        return "eagle2"
+    raise WeightsError(
+        "cannot tell the head's architecture: expected 'midlayer.*' keys (eagle3) or 'layers.N.*' keys (eagle2)"
+    )
+
+
+def config_from_ea_layer(layer: Any, *, total_token: int, depth: int, top_k: int, lm_head: Any = None, **overrides: Any) -> FrontierConfig:
+    """Derive a :class:`FrontierConfig` from an EAGLE-style module (its ``config`` and shapes)."""
+    state = layer.state_dict()
+    arch = overrides.pop("architecture", None) or detect_architecture(state)
+    c = getattr(layer, "config", None)
+    fc = state["fc.weight"]
+    hidden = fc.shape[0]
+    p = "midlayer" if arch == "eagle3" else "layers.0"
+    q = state[f"{p}.self_attn.q_proj.weight"]
+    kproj = state[f"{p}.self_attn.k_proj.weight"]
+    attn = None
+    try:
+        attn = layer.midlayer.self_attn if arch == "eagle3" else layer.layers[0].self_attn
+    except AttributeError:
+        pass
+    heads = getattr(c, "num_attention_heads", None) or getattr(attn, "num_heads", None)
+    kv_heads = getattr(c, "num_key_value_heads", None) or getattr(attn, "num_key_value_heads", None)
+    head_dim = getattr(attn, "head_dim", None)
+    if heads is None and "num_attention_heads" not in overrides:
+        raise WeightsError("ea_layer has no config.num_attention_heads; pass num_attention_heads= explicitly")
+    if kv_heads is None and heads is not None and head_dim:
+        kv_heads = kproj.shape[0] // head_dim
+    if head_dim is None and heads:
+        head_dim = q.shape[0] // heads
+    if lm_head is not None:
+        head_rows = (lm_head.weight if isinstance(lm_head, torch.nn.Module) else lm_head).shape[0]
+    elif "lm_head.weight" in state:
+        head_rows = state["lm_head.weight"].shape[0]
+    else:
+        raise WeightsError("eagle2 heads use the target's lm_head: pass lm_head= to derive the vocabulary")
+    data: dict[str, Any] = dict(
+        total_token=total_token,
+        depth=depth,
+        top_k=top_k,
+        hidden_size=hidden,
+        vocab_size=head_rows,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=state[f"{p}.mlp.gate_proj.weight"].shape[0],
+        feature_size=fc.shape[1] if arch == "eagle3" else hidden,
+        target_vocab_size=state["embed_tokens.weight"].shape[0] if "embed_tokens.weight" in state else head_rows,
+        architecture=arch,
+        rope_theta=float(getattr(c, "rope_theta", 10000.0) or 10000.0),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6) or 1e-6),
+        rope_scaling=getattr(c, "rope_scaling", None),
+    )
+    if arch == "eagle2":
+        data["num_layers"] = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+        data["fc_bias"] = "fc.bias" in state
+    data.update(overrides)
+    return FrontierConfig(**data)
+
+
+__all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer"]
