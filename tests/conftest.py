@@ -1,0 +1,47 @@
+"""Shared test fixtures.
+
+On a machine without an NVIDIA GPU, Triton kernels run under the interpreter: the variable
+must be set before anything imports triton, hence here, at the top of conftest.
+"""
+
+import os
+
+if not os.path.exists("/dev/nvidia0") and not os.environ.get("FRONTIER_NO_TRITON_INTERPRET"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import frontier  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+def registered_backends() -> list[str]:
+    return frontier.available_backends()
+
+
+def runnable_backends() -> list[str]:
+    """Registered backends that can run on this machine (CPU inputs unless a GPU is present)."""
+    out = []
+    for name in frontier.available_backends():
+        try:
+            ok, _ = frontier.get_backend(name).availability()
+        except frontier.FrontierError:
+            ok = False
+        if ok:
+            out.append(name)
+    return out
+
+
+@pytest.fixture(params=runnable_backends())
+def backend_name(request):
+    """Every backend that can run here; tests draw weights only for those that need them."""
+    return request.param
