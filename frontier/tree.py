@@ -85,16 +85,20 @@ def pack_tree(
     is_leaf = ~is_parent  # [T]
     leaf_count = is_leaf.sum()  # [] int64
 
-    width = (t if max_depth is None else min(max_depth, t - 1) + 1)
+    width = t if max_depth is None else max_depth + 1  # padded: [T, D+2] for max_depth = D + 1
     # A node's path root->node is its ancestor columns in ascending order (ancestors come first).
     cols = torch.arange(t, device=device).expand(t, t)  # [T, T]
     big = torch.full_like(cols, t)  # [T, T] sentinel, ranks after every real index
     keyed = torch.where(mask, cols, big)  # [T, T]
-    paths = torch.sort(keyed, dim=1).values[:, :width]  # [T, W], padded with the sentinel T
+    paths = torch.sort(keyed, dim=1).values  # [T, T], padded with the sentinel T
+    if width <= t:
+        paths = paths[:, :width]  # [T, W]
+    else:  # max_depth + 1 > T (a tiny tree with a deep bound): widen with the sentinel
+        paths = torch.cat([paths, torch.full((t, width - t), t, dtype=paths.dtype, device=device)], dim=1)
 
     order = torch.argsort((~is_leaf).to(torch.int8), stable=True)  # [T] leaves first, ascending
     rows = paths[order]  # [T, W]
-    rows = torch.where((~is_leaf[order])[:, None], big[:, :width], rows)  # non-leaf rows -> all sentinel
+    rows = rows.masked_fill((~is_leaf[order])[:, None], t)  # [T, W] non-leaf rows -> all sentinel
     if sampling:
         rows = _lexsort_rows(rows)  # sentinel ranks after real indices; sentinel rows stay last
     retrieve = torch.where(rows == t, torch.full_like(rows, -1), rows)  # [T, W]
