@@ -189,6 +189,11 @@ class Frontier:
             pad = self.retrieve_indices[ric.shape[0] :].detach().cpu()
             if not bool((pad == -1).all()):
                 fail("padded retrieve_indices has a non -1 entry after the leaf rows")
+            extra = self.retrieve_indices[: ric.shape[0], ric.shape[1] :].detach().cpu()
+            if not bool((extra == -1).all()):
+                fail("padded retrieve_indices has a non -1 entry past the deepest level")
+            if self.retrieve_indices.shape[0] != t:
+                fail(f"padded retrieve_indices must have T={t} rows, got {self.retrieve_indices.shape[0]}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
