@@ -57,6 +57,11 @@ class FrontierConfig(BaseModel):
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise ConfigError(
+            f"FrontierConfig is frozen: cannot set {name}={value!r}; use cfg.replace({name}=...) for a copy"
+        )
+
     # ------------------------------------------------------------------------------------------
     @model_validator(mode="after")
     def _derive_and_check(self) -> "FrontierConfig":
