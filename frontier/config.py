@@ -138,6 +138,12 @@ class FrontierConfig(BaseModel):
                 f"target_vocab_size={self.target_vocab_size}"
             )
         if self.architecture == "eagle3":
+            if self.feature_size == self.hidden_size:
+                problems.append(
+                    "architecture='eagle3' applies fc only to F-wide target features, so feature_size must differ "
+                    f"from hidden_size (EAGLE-3 uses 3*hidden), got feature_size={self.feature_size}, "
+                    f"hidden_size={self.hidden_size}"
+                )
             if self.num_layers != 1:
                 problems.append(f"architecture='eagle3' has exactly one layer, got num_layers={self.num_layers}")
             if self.fc_bias:

@@ -1,13 +1,20 @@
-"""torch_ref: placeholder until the exact draft layer lands (issue 3)."""
+"""torch_ref: the exact EAGLE draft layer in plain PyTorch — the readable specification."""
 
 from __future__ import annotations
 
+import torch
+
 from ...registry import Backend
+from ...result import Frontier
+from .draft import draft_call
 
 
 class TorchRefBackend(Backend):
     name = "torch_ref"
     requires_weights = True
+    devices = ("cpu", "cuda")
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    description = "exact PyTorch mirror of the EAGLE-3/EAGLE-2 draft layer (the yardstick)"
 
-    def availability(self):
-        return False, "not implemented yet"
+    def generate(self, request) -> Frontier:
+        return draft_call(request)

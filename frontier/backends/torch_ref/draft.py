@@ -1,0 +1,168 @@
+"""One draft call, step by step (SPEC.md "One draft call").
+
+1. :func:`context_step` — the n new context rows through the layer; their K/V are kept.
+2. :func:`expand_depth` — D times: the K frontier rows through the layer with the implicit
+   tree mask (context + ancestors + self), top-K children, cumulative scores, top-K prune.
+3. :func:`frontier.tree.select_nodes` + :func:`frontier.tree.pack_tree` — the final selection
+   and the tree tensors, shared with every backend.
+
+The tree rows' K/V are scratch; the context rows' K/V enter the draft cache only after the
+whole call succeeded, so a failing call leaves the cache as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...cache import DEFAULT_MAX_LENGTH, DraftCache
+from ...config import FrontierConfig
+from ...result import Frontier
+from ...tree import expansion_parents, pack_tree, select_nodes
+from ...weights import DraftWeights
+from .layer import causal_mask, draft_forward, log_probs, to_target_ids, tree_attention_mask
+
+
+@dataclass
+class FrontierRows:
+    """The K rows expanded at the next depth."""
+
+    tokens: torch.Tensor  # [K] target ids fed back as t
+    hidden: torch.Tensor  # [K, H] hidden input (the parent's output row)
+    scores: torch.Tensor  # [K] cumulative log-probs
+    pick: torch.Tensor  # [K] index of each row in the previous depth's K*K block (depth 0: arange)
+    ancestors: torch.Tensor  # [K, K*i] bool: visible tree rows of earlier depths
+
+
+@dataclass
+class Candidates:
+    """The candidate list in order: K entries from the root, then K*K per depth."""
+
+    scores: list[torch.Tensor]  # each [K] or [K*K]
+    tokens: list[torch.Tensor]  # each [K] or [K*K] target ids
+    row_parents: list[torch.Tensor]  # each [1] (root group) or [K]: stored parent of each sibling group
+
+
+def context_step(cfg: FrontierConfig, w: DraftWeights, cache: DraftCache, ids: torch.Tensor, features: torch.Tensor):
+    """Run the n new context rows (causal among themselves, full view of the c cached rows).
+
+    ids: [L] token ids paired with the hidden states (``input_ids[0, 1:]``); features [n, F].
+    Returns (h_last [H], keys, values): per-layer K/V of the n new rows, [nkv, n, d] each.
+    """
+    c, n = cache.length, features.shape[0]
+    positions = torch.arange(c, c + n, device=features.device)  # [n]
+    past_k = [cache.keys(layer) for layer in range(cfg.num_layers)]  # [nkv, c, d] each
+    past_v = [cache.values(layer) for layer in range(cfg.num_layers)]
+    mask = causal_mask(n, c, features.device) if n > 1 else None  # [n, c+n]
+    out = draft_forward(cfg, w, ids[c:], features, positions, past_k, past_v, mask)
+    return out.hidden[-1], out.keys, out.values  # [H]
+
+
+def root_children(cfg: FrontierConfig, w: DraftWeights, h_last: torch.Tensor, cand: Candidates) -> FrontierRows:
+    """Top-K of the root: the first K candidates and the depth-0 frontier."""
+    k = cfg.top_k
+    p0 = log_probs(cfg, w, h_last[None])[0]  # [V]
+    top = torch.topk(p0, k, dim=-1)
+    tokens = to_target_ids(cfg, w, top.indices)  # [K]
+    cand.scores.append(top.values)
+    cand.tokens.append(tokens)
+    cand.row_parents.append(torch.zeros(1, dtype=torch.long, device=h_last.device))
+    return FrontierRows(
+        tokens=tokens,
+        hidden=h_last[None].expand(k, -1),  # [K, H] every root child carries h_last
+        scores=top.values,  # [K]
+        pick=torch.arange(k, device=h_last.device),  # [K]
+        ancestors=torch.zeros(k, 0, dtype=torch.bool, device=h_last.device),  # [K, 0]
+    )
+
+
+def expand_depth(
+    cfg: FrontierConfig,
+    w: DraftWeights,
+    i: int,
+    rows: FrontierRows,
+    context_len: int,
+    scratch_k: list[torch.Tensor],
+    scratch_v: list[torch.Tensor],
+    cand: Candidates,
+) -> FrontierRows:
+    """Depth i: the K frontier rows at position L + i; append K*K candidates; prune to K.
+
+    scratch_k/v: per layer [nkv, L + K*i, d] (context rows then earlier tree rows); extended in
+    place with this depth's K rows.
+    """
+    k = cfg.top_k
+    device = rows.hidden.device
+    ancestors = torch.cat((rows.ancestors, torch.eye(k, dtype=torch.bool, device=device)), dim=1)  # [K, K*(i+1)]
+    mask = tree_attention_mask(ancestors, context_len)  # [K, L + K*(i+1)]
+    positions = torch.full((k,), context_len + i, dtype=torch.long, device=device)  # [K]
+    out = draft_forward(cfg, w, rows.tokens, rows.hidden, positions, scratch_k, scratch_v, mask)
+    for layer in range(cfg.num_layers):
+        scratch_k[layer] = torch.cat((scratch_k[layer], out.keys[layer]), dim=1)
+        scratch_v[layer] = torch.cat((scratch_v[layer], out.values[layer]), dim=1)
+
+    cand.row_parents.append(expansion_parents(rows.pick, i, k))  # [K]
+    lp = log_probs(cfg, w, out.hidden)  # [K, V]
+    top = torch.topk(lp, k, dim=-1)  # children of each row: [K, K]
+    cu_scores = top.values + rows.scores[:, None]  # [K, K] cs[r, j] = score[r] + lp[r, j]
+    child_tokens = to_target_ids(cfg, w, top.indices)  # [K, K]
+    cand.scores.append(cu_scores.reshape(-1))
+    cand.tokens.append(child_tokens.reshape(-1))
+
+    best = torch.topk(cu_scores.reshape(-1), k, dim=-1)  # next frontier among the K*K pairs
+    parent_row = best.indices // k  # [K]
+    return FrontierRows(
+        tokens=child_tokens.reshape(-1)[best.indices],  # [K]
+        hidden=out.hidden[parent_row],  # [K, H] the parent's output row
+        scores=best.values,  # [K]
+        pick=best.indices,  # [K]
+        ancestors=ancestors[parent_row],  # [K, K*(i+1)]
+    )
+
+
+def draft_call(request) -> Frontier:
+    """The whole draft call for one sequence (a validated :class:`frontier.api.DraftRequest`)."""
+    cfg, w = request.cfg, request.weights
+    ids = request.input_ids[0, 1:]  # [L] the token paired with each hidden state
+    big_l = ids.shape[0]
+    cache = request.cache
+    if cache is None:
+        max_len = request.cache_max_length or max(DEFAULT_MAX_LENGTH, 2 * big_l)
+        cache = DraftCache.for_config(cfg, max_length=max_len, dtype=w.dtype, device=w.device)
+        cache.check_room(big_l)
+    c = cache.length
+
+    # 1. context step
+    h_last, new_k, new_v = context_step(cfg, w, cache, ids, request.features[0])
+    cand = Candidates(scores=[], tokens=[], row_parents=[])
+    rows = root_children(cfg, w, h_last, cand)
+
+    # 2. depth loop over the tree; scratch K/V = context rows (cached + new) then tree rows
+    scratch_k = [torch.cat((cache.keys(layer), new_k[layer]), dim=1) for layer in range(cfg.num_layers)]
+    scratch_v = [torch.cat((cache.values(layer), new_v[layer]), dim=1) for layer in range(cfg.num_layers)]
+    for i in range(cfg.depth):
+        rows = expand_depth(cfg, w, i, rows, big_l, scratch_k, scratch_v, cand)
+
+    # 3. final selection and packing
+    root = request.input_ids[0, -1:]  # [1]
+    draft_tokens, parent_pos, node_scores = select_nodes(
+        torch.cat(cand.scores), torch.cat(cand.tokens), torch.cat(cand.row_parents), root, cfg.total_token, cfg.top_k
+    )
+    packed = pack_tree(parent_pos, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+
+    # Only now, with everything computed, do the new context rows enter the cache.
+    for layer in range(cfg.num_layers):
+        cache.write(layer, c, new_k[layer], new_v[layer])
+    cache.commit(c + new_k[0].shape[1])
+    return Frontier(
+        draft_tokens=draft_tokens,
+        retrieve_indices=packed.retrieve_indices,
+        tree_mask=packed.tree_mask,
+        tree_position_ids=packed.tree_position_ids,
+        cache=cache,
+        scores=node_scores.float(),
+        parents=torch.cat([parent_pos.new_zeros(1), parent_pos]),
+        leaf_count=packed.leaf_count,
+        padded=request.padded,
+    )
