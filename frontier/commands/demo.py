@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="draft a tree on CPU with a small random EAGLE-3 head (no downloads) and draw it")
-    p.add_argument("--backend", default="torch_ref", help="backend to draft with (default: torch_ref)")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="backend to draft with (default: torch_ref with a random head, or stub when torch_ref cannot run here)",
+    )
     p.add_argument("--total-token", type=int, default=24)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--top-k", type=int, default=4)
@@ -48,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
 
         head = load_draft_head(args.head, device="cpu", dtype=torch.float32)
         weights, cfg = head.weights, head.config(total_token=args.total_token, depth=args.depth, top_k=args.top_k)
+    if args.backend is None:
+        ok, why = get_backend("torch_ref").availability()
+        args.backend = "torch_ref" if ok else "stub"
+        if not ok:
+            print(f"(torch_ref cannot run here: {why}; drafting with the weight-free stub backend)", file=sys.stderr)
     backend = get_backend(args.backend)
     if getattr(backend, "requires_weights", False) and weights is None:
         weights = random_weights(cfg, seed=args.seed, lm_head_scale=6.0)
@@ -60,9 +70,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(fr.to_dict()))
         return 0
+    if args.head:
+        head_desc = args.head
+    elif weights is None:
+        head_desc = "none (the backend needs no weights)"
+    else:
+        head_desc = f"random EAGLE-3 (H={cfg.hidden_size}, V={cfg.vocab_size})"
     print(
         f"backend={args.backend}  T={cfg.total_token} depth={cfg.depth} top_k={cfg.top_k}  "
-        f"context L={args.context}  head={'random EAGLE-3 (H=%d, V=%d)' % (cfg.hidden_size, cfg.vocab_size) if not args.head else args.head}"
+        f"context L={args.context}  head={head_desc}"
     )
     print(render_tree(fr))
     leaves = fr.retrieve_indices.shape[0]
