@@ -1,0 +1,359 @@
+"""The backend registry: registration rules, lookup errors, and real entry-point plugin discovery.
+
+Plugins here are real installed-looking distributions: a temporary ``*.dist-info`` directory with
+``METADATA`` and ``entry_points.txt`` next to a plugin module, put on ``sys.path`` so that
+``importlib.metadata`` finds them exactly as it finds a pip-installed package.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import frontier
+from frontier import (
+    Backend,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    FrontierConfig,
+    FrontierError,
+    RegistryError,
+    available_backends,
+    frontier_generate,
+    get_backend,
+    register_backend,
+    unregister_backend,
+)
+from frontier import registry
+from frontier.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+BUILTINS = sorted(registry._BUILTINS)  # stub, torch_ref, triton (and any built-in added later)
+assert {"stub", "torch_ref", "triton"} <= set(BUILTINS)
+
+
+@pytest.fixture(autouse=True)
+def restore_registry(monkeypatch):
+    """Every test leaves the registry (and sys.modules) as it found it."""
+    monkeypatch.delenv(registry.AUTOLOAD_ENV, raising=False)
+    saved_entries = dict(registry._entries)
+    saved_scanned = registry._plugins_scanned
+    saved_modules = set(sys.modules)
+    registry._reset_plugin_scan()
+    yield
+    with registry._lock:
+        registry._entries.clear()
+        registry._entries.update(saved_entries)
+        registry._plugins_scanned = saved_scanned
+    for name in set(sys.modules) - saved_modules:
+        if name.startswith("frontier_test_plugin"):
+            del sys.modules[name]
+
+
+# A working third-party backend: a breadth-first K-ary tree over the last context tokens, packed
+# with the shared tree code. It imports frontier itself, as a real plugin would.
+GOOD_PLUGIN = '''
+import torch
+from frontier import Backend, Frontier
+from frontier.tree import pack_tree
+
+IMPORTED = True
+
+class BreadthFirstBackend(Backend):
+    requires_weights = False
+    devices = ("cpu",)
+    dtypes = (torch.float32,)
+    description = "test plugin: breadth-first tree"
+
+    def generate(self, request):
+        cfg = request.cfg
+        t, k = cfg.total_token, cfg.top_k
+        node = torch.arange(1, t)
+        parent_pos = (node - 1) // k  # [T-1] breadth-first, K children per node
+        packed = pack_tree(parent_pos, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+        root = request.input_ids[0, -1:] if request.input_ids is not None else torch.zeros(1, dtype=torch.long)
+        tokens = torch.cat([root, (root + node) % cfg.vocab_size])[None]
+        return Frontier(
+            draft_tokens=tokens,
+            retrieve_indices=packed.retrieve_indices,
+            tree_mask=packed.tree_mask,
+            tree_position_ids=packed.tree_position_ids,
+            leaf_count=packed.leaf_count,
+            padded=request.padded,
+        )
+'''
+
+BROKEN_PLUGIN = '''
+raise ImportError("frontier_test_plugin_broken needs libfoo.so, which is not installed")
+'''
+
+
+def install_plugin(root: Path, dist: str, module: str, source: str, entry_points: dict[str, str]) -> None:
+    """Write ``module.py`` and ``<dist>-0.1.dist-info`` (METADATA + entry_points.txt) under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    lines = "\n".join(f"{name} = {target}" for name, target in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[frontier.backends]\n{lines}\n")
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """Two installed plugin distributions on sys.path: a working one and one whose import fails."""
+    install_plugin(
+        tmp_path / "site",
+        "frontier-test-plugin-good",
+        "frontier_test_plugin_good",
+        GOOD_PLUGIN,
+        {"breadth": "frontier_test_plugin_good:BreadthFirstBackend",
+         "stub": "frontier_test_plugin_good:BreadthFirstBackend"},  # tries to shadow a built-in
+    )
+    install_plugin(
+        tmp_path / "site",
+        "frontier-test-plugin-broken",
+        "frontier_test_plugin_broken",
+        BROKEN_PLUGIN,
+        {"broken": "frontier_test_plugin_broken:Backend"},
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    registry._reset_plugin_scan()
+    return tmp_path / "site"
+
+
+CFG = FrontierConfig(total_token=20, depth=3, top_k=3, vocab_size=100, hidden_size=8)
+
+
+def feats(cfg: FrontierConfig = CFG, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(1, 5, cfg.feature_size, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry-point discovery
+# ----------------------------------------------------------------------------------------------
+def test_plugins_are_discovered_without_being_imported(plugins):
+    names = available_backends()
+    assert "breadth" in names and "broken" in names
+    assert set(BUILTINS) <= set(names)
+    assert "frontier_test_plugin_good" not in sys.modules
+    assert "frontier_test_plugin_broken" not in sys.modules
+
+
+def test_discovered_plugin_runs_through_frontier_generate(plugins):
+    backend = get_backend("breadth")
+    assert sys.modules["frontier_test_plugin_good"].IMPORTED
+    assert type(backend).__name__ == "BreadthFirstBackend" and backend.name == "breadth"
+    assert get_backend("breadth") is backend  # resolved once
+    ids = torch.tensor([[5, 6, 7, 8, 9, 42]])
+    for sampling in (False, True):
+        for padded in (False, True):
+            fr = frontier_generate(CFG, feats(), backend="breadth", input_ids=ids, sampling=sampling, padded=padded)
+            fr.check_invariants(total_token=20, depth=3, top_k=3, sampling=sampling)
+            assert int(fr.draft_tokens[0, 0]) == 42
+    # What the plugin declared is enforced before dispatch.
+    with pytest.raises(frontier.InputError, match=r"backend 'breadth' supports dtypes float32; features_concat is float64"):
+        frontier_generate(CFG, feats(dtype=torch.float64), backend="breadth")
+
+
+def test_plugin_source_is_reported(plugins):
+    rows = {r["name"]: r for r in frontier.backend_report()}
+    assert rows["breadth"]["available"] is True
+    assert rows["breadth"]["source"] == "frontier-test-plugin-good (entry point)"
+    assert rows["stub"]["source"] == "frontier" and rows["stub"]["available"] is True
+    assert rows["broken"]["available"] is False
+    assert "libfoo.so" in rows["broken"]["why"]
+
+
+def test_builtins_win_over_a_plugin_of_the_same_name(plugins):
+    assert type(get_backend("stub")).__name__ == "StubBackend"
+    assert "frontier_test_plugin_good" not in sys.modules
+
+
+def test_broken_plugin_fails_clearly_and_breaks_nothing_else(plugins):
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("broken")
+    msg = str(info.value)
+    assert "backend 'broken'" in msg
+    assert "frontier_test_plugin_broken:Backend" in msg
+    assert "frontier-test-plugin-broken (entry point)" in msg
+    assert "ImportError: frontier_test_plugin_broken needs libfoo.so" in msg
+    assert isinstance(info.value.__cause__, ImportError)
+    # Asking again fails the same way (no half-registered state) ...
+    with pytest.raises(BackendUnavailableError, match="failed to load"):
+        frontier_generate(CFG, feats(), backend="broken")
+    # ... and everything else still works.
+    assert "broken" in available_backends()
+    frontier_generate(CFG, feats(), backend="stub").check_invariants(total_token=20, depth=3, top_k=3)
+    frontier_generate(CFG, feats(), backend="breadth").check_invariants(total_token=20, depth=3, top_k=3)
+
+
+def test_cli_lists_plugins_and_the_broken_ones_reason(plugins, capsys):
+    assert cli_main(["backends"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip()}
+    assert "frontier-test-plugin-good (entry point)" in lines["breadth"] and " yes " in lines["breadth"]
+    assert "no: backend 'broken'" in lines["broken"] and "libfoo.so" in lines["broken"]
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes"])
+def test_env_switch_disables_autoload(plugins, monkeypatch, value):
+    monkeypatch.setenv("FRONTIER_DISABLE_PLUGIN_AUTOLOAD", value)
+    registry._reset_plugin_scan()
+    assert available_backends() == BUILTINS
+    with pytest.raises(BackendNotFoundError, match=f"unknown backend 'breadth'; registered backends: {', '.join(BUILTINS)}$"):
+        get_backend("breadth")
+    assert "frontier_test_plugin_good" not in sys.modules
+    # Explicit registrations still work with autoload off.
+    register_backend("breadth_explicit", "frontier_test_plugin_good:BreadthFirstBackend")
+    assert type(get_backend("breadth_explicit")).__name__ == "BreadthFirstBackend"
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "no"])
+def test_env_switch_off_values_keep_autoload(plugins, monkeypatch, value):
+    monkeypatch.setenv("FRONTIER_DISABLE_PLUGIN_AUTOLOAD", value)
+    registry._reset_plugin_scan()
+    assert "breadth" in available_backends()
+
+
+def test_fresh_interpreter_discovers_plugin_lazily(plugins):
+    """End to end in a new process: import frontier, list, then request the plugin."""
+    code = textwrap.dedent(
+        """
+        import sys, torch, frontier
+        assert "frontier_test_plugin_good" not in sys.modules
+        names = frontier.available_backends()
+        assert "frontier_test_plugin_good" not in sys.modules, "listing imported the plugin"
+        cfg = frontier.FrontierConfig(total_token=9, depth=2, top_k=2, vocab_size=50, hidden_size=4)
+        fr = frontier.frontier_generate(cfg, torch.zeros(1, 3, cfg.feature_size), backend="breadth")
+        fr.check_invariants(total_token=9, depth=2, top_k=2)
+        print("OK", ",".join(names))
+        """
+    )
+    env = {"PYTHONPATH": f"{plugins}:{REPO}", "PATH": "/usr/bin:/bin", "FRONTIER_DISABLE_PLUGIN_AUTOLOAD": ""}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "OK " + ",".join(sorted(BUILTINS + ["breadth", "broken"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Explicit registration
+# ----------------------------------------------------------------------------------------------
+class Recorder(Backend):
+    """Delegates to the stub and remembers the request it got."""
+
+    def __init__(self):
+        self.requests = []
+
+    def generate(self, request):
+        from frontier.backends.stub import StubBackend
+
+        self.requests.append(request)
+        return StubBackend().generate(request)
+
+
+def test_register_instance_class_and_lazy_string():
+    inst = Recorder()
+    register_backend("rec", inst)
+    assert get_backend("rec") is inst
+    frontier_generate(CFG, feats(), backend="rec", seed=3, some_option=1)
+    req = inst.requests[-1]
+    assert req.seed == 3 and req.options == {"some_option": 1} and req.cfg is CFG
+
+    register_backend("rec_cls", Recorder)
+    first = get_backend("rec_cls")
+    assert isinstance(first, Recorder) and get_backend("rec_cls") is first and first.name == "rec_cls"
+
+    register_backend("stub_again", "frontier.backends.stub:StubBackend")
+    assert type(get_backend("stub_again")).__name__ == "StubBackend"
+    assert {"rec", "rec_cls", "stub_again"} <= set(available_backends())
+
+
+def test_same_target_again_is_a_no_op():
+    inst = Recorder()
+    register_backend("rec", inst)
+    register_backend("rec", inst)
+    register_backend("cls", Recorder)
+    register_backend("cls", Recorder)
+    register_backend("stub", "frontier.backends.stub:StubBackend")  # the built-in's own target
+    assert get_backend("rec") is inst
+
+
+def test_different_target_under_a_taken_name_needs_clobber():
+    register_backend("rec", Recorder())
+    with pytest.raises(RegistryError) as info:
+        register_backend("rec", Recorder())
+    msg = str(info.value)
+    assert "backend name 'rec' is already registered" in msg and "clobber=True" in msg
+    with pytest.raises(RegistryError, match=r"'stub' is already registered to 'frontier.backends.stub:StubBackend'"):
+        register_backend("stub", Recorder)
+    assert type(get_backend("stub")).__name__ == "StubBackend"  # unchanged by the failed call
+
+    replacement = Recorder()
+    register_backend("stub", replacement, clobber=True)
+    assert get_backend("stub") is replacement
+    frontier_generate(CFG, feats(), backend="stub")
+    assert len(replacement.requests) == 1
+
+
+def test_bad_registrations_are_rejected():
+    with pytest.raises(RegistryError, match="non-empty string"):
+        register_backend("", Recorder)
+    with pytest.raises(RegistryError, match=r"must look like 'module:attr', got 'frontier.backends.stub'"):
+        register_backend("x", "frontier.backends.stub")
+    with pytest.raises(RegistryError, match="must be a Backend instance or class or a 'module:attr' string, got int"):
+        register_backend("x", 42)
+    assert "x" not in available_backends()
+
+
+def test_lazy_target_that_does_not_import_fails_on_request_only():
+    register_backend("ghost", "frontier_test_plugin_missing.mod:Thing")  # registering imports nothing
+    with pytest.raises(BackendUnavailableError, match=r"backend 'ghost'.*failed to load: ModuleNotFoundError"):
+        get_backend("ghost")
+    register_backend("attrless", "frontier.backends.stub:NoSuchBackend")
+    with pytest.raises(BackendUnavailableError, match="AttributeError"):
+        get_backend("attrless")
+
+    class NoGenerate:
+        pass
+
+    register_backend("nogen", NoGenerate)
+    with pytest.raises(BackendUnavailableError, match=r"backend 'nogen'.*has no generate\(request\) method"):
+        get_backend("nogen")
+    frontier_generate(CFG, feats(), backend="stub")  # the rest still works
+
+
+def test_unknown_name_lists_registered_names():
+    register_backend("zeta", Recorder)
+    with pytest.raises(BackendNotFoundError) as info:
+        get_backend("tritno")
+    msg = str(info.value)
+    assert msg == f"unknown backend 'tritno'; registered backends: {', '.join(BUILTINS)}, zeta"
+    assert isinstance(info.value, FrontierError) and isinstance(info.value, KeyError)
+    with pytest.raises(BackendNotFoundError, match="unknown backend 'tritno'; registered backends: stub,"):
+        frontier_generate(CFG, feats(), backend="tritno")
+
+
+def test_unregister():
+    register_backend("tmp", Recorder)
+    unregister_backend("tmp")
+    assert "tmp" not in available_backends()
+    with pytest.raises(BackendNotFoundError, match="unknown backend 'tmp'"):
+        unregister_backend("tmp")
+
+
+def test_builtins_declare_needs_and_support():
+    for name in BUILTINS:
+        b = get_backend(name)
+        ok, why = b.availability()
+        assert isinstance(ok, bool) and isinstance(why, str) and (ok or why)
+        assert isinstance(b.requires_weights, bool)
+        assert set(b.devices) <= {"cpu", "cuda"} and b.devices
+        assert all(isinstance(d, torch.dtype) for d in b.dtypes)
+    assert get_backend("stub").requires_weights is False
+    assert get_backend("torch_ref").requires_weights is True
