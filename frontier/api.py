@@ -68,6 +68,8 @@ def frontier_generate(
     ----------
     cfg: the tree shape and draft-layer dimensions.
     features_concat: [1, n, F] target features of the n tokens whose draft K/V is not cached.
+        A list of such tensors drafts a ragged batch (one tree per sequence; then input_ids and
+        cache are per-sequence lists, and a list of Frontiers is returned — see frontier.batch).
     backend: a registered backend name ("stub", "torch_ref", "triton", or a plugin's).
     input_ids: [1, L+1] int64, the whole sequence so far (last token = the tree root). Needed by
         weight-carrying backends; optional for the stub (root token 0 when absent).
@@ -79,18 +81,20 @@ def frontier_generate(
     fallback: if the backend cannot run here, warn and use torch_ref instead of raising.
     options: passed to the backend untouched.
     """
+    if isinstance(features_concat, (list, tuple)):
+        # Ragged batch: one tree per sequence (see frontier.batch).
+        from .batch import frontier_generate_batch
+
+        if cache is not None and not isinstance(cache, (list, tuple)) and not hasattr(cache, "__getitem__"):
+            raise InputError("with a batch of features, cache must be a BatchDraftCache or a list of DraftCache/None")
+        return frontier_generate_batch(  # type: ignore[return-value]
+            cfg, features_concat, backend, input_ids=input_ids, weights=weights, ea_layer=ea_layer, lm_head=lm_head,
+            caches=cache, cache_max_length=cache_max_length, sampling=sampling, padded=padded, seed=seed,
+            fallback=fallback, **options,
+        )
     if not isinstance(cfg, FrontierConfig):
         raise InputError(f"cfg must be a FrontierConfig, got {type(cfg).__name__}")
-    if not isinstance(backend, str):
-        raise InputError(f"backend must be a backend name (str), got {type(backend).__name__}")
-    impl = get_backend(backend)
-    ok, why = impl.availability()
-    if not ok:
-        if fallback and backend != "torch_ref":
-            warnings.warn(f"backend {backend!r} is unavailable ({why}); falling back to 'torch_ref'", RuntimeWarning, stacklevel=2)
-            backend, impl = "torch_ref", get_backend("torch_ref")
-        else:
-            raise BackendUnavailableError(f"backend {backend!r} cannot run here: {why}")
+    backend, impl = resolve_backend(backend, fallback)
 
     if weights is None and ea_layer is not None:
         weights = DraftWeights.from_ea_layer(ea_layer, lm_head=lm_head)
@@ -118,6 +122,20 @@ def frontier_generate(
     if not isinstance(result, Frontier):
         raise FrontierError(f"backend {backend!r} returned {type(result).__name__}, expected a Frontier")
     return result
+
+
+def resolve_backend(backend: Any, fallback: bool) -> tuple[str, Any]:
+    """(name, backend object) ready to run; with ``fallback`` an unavailable backend becomes torch_ref."""
+    if not isinstance(backend, str):
+        raise InputError(f"backend must be a backend name (str), got {type(backend).__name__}")
+    impl = get_backend(backend)
+    ok, why = impl.availability()
+    if not ok:
+        if fallback and backend != "torch_ref":
+            warnings.warn(f"backend {backend!r} is unavailable ({why}); falling back to 'torch_ref'", RuntimeWarning, stacklevel=3)
+            return "torch_ref", get_backend("torch_ref")
+        raise BackendUnavailableError(f"backend {backend!r} cannot run here: {why}")
+    return backend, impl
 
 
 def validate_request(
@@ -240,4 +258,4 @@ def validate_request(
     )
 
 
-__all__ = ["frontier_generate", "DraftRequest", "validate_request"]
+__all__ = ["frontier_generate", "DraftRequest", "validate_request", "resolve_backend"]

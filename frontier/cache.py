@@ -38,6 +38,17 @@ class DraftCache:
         self.length = 0
 
     @classmethod
+    def from_tensors(cls, k: torch.Tensor, v: torch.Tensor, length: int = 0) -> "DraftCache":
+        """Wrap existing storage (e.g. one slot of a :class:`frontier.batch.BatchDraftCache`)."""
+        if k.dim() != 4 or k.shape != v.shape:
+            raise CacheError(f"k and v must both be [layers, kv heads, max_length, head_dim], got {list(k.shape)} and {list(v.shape)}")
+        if not 0 <= length <= k.shape[2]:
+            raise CacheError(f"length must lie in [0, {k.shape[2]}], got {length}")
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.length = k, v, length
+        return cache
+
+    @classmethod
     def for_config(
         cls, cfg: FrontierConfig, *, max_length: int = DEFAULT_MAX_LENGTH, dtype: torch.dtype, device: Any
     ) -> "DraftCache":

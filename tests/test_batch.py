@@ -1,0 +1,126 @@
+"""Batched (ragged) drafting: every sequence's tree equals drafting it alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import frontier
+from frontier import BatchDraftCache, CacheError, InputError, frontier_generate, frontier_generate_batch
+from frontier.random_head import random_config, random_weights
+
+BATCH_CFGS = [
+    dict(total_token=20, depth=4, top_k=4, vocab_size=64, target_vocab_size=200, architecture="eagle3"),
+    dict(total_token=13, depth=3, top_k=3, vocab_size=45, target_vocab_size=45, architecture="eagle2", hidden_size=40,
+         num_attention_heads=5, num_key_value_heads=5),
+]
+
+
+def _ragged_batch(cfg, seed, batch):
+    """Per-sequence (ids, feats) for a first call with different context lengths."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for _ in range(batch):
+        big_l = int(torch.randint(1, 24, (1,), generator=g))
+        ids = torch.randint(0, cfg.target_vocab_size, (1, big_l + 1), generator=g)
+        seqs.append((ids, torch.randn(1, big_l, cfg.feature_size, generator=g)))
+    return seqs, g
+
+
+def _kwargs(backend, cfg, seed, dtype=torch.float32):
+    if frontier.get_backend(backend).requires_weights:
+        return {"weights": random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype)}
+    return {}
+
+
+@pytest.mark.parametrize("cfg_kw", BATCH_CFGS, ids=["eagle3", "eagle2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ragged_batch_equals_single_sequence_drafting(backend_name, cfg_kw, seed):
+    cfg = random_config(**cfg_kw)
+    kw = _kwargs(backend_name, cfg, seed)
+    seqs, g = _ragged_batch(cfg, seed, batch=3 + seed)
+    ids = [s[0] for s in seqs]
+    feats = [s[1] for s in seqs]
+    singles = [None] * len(seqs)
+    caches = None
+    sampling = bool(seed)
+    for call in range(3):
+        frs = frontier_generate(cfg, feats, backend_name, input_ids=ids, cache=caches, sampling=sampling, **kw)
+        assert isinstance(frs, list) and len(frs) == len(seqs)
+        new_single = []
+        for b, fr in enumerate(frs):
+            alone = frontier_generate(cfg, feats[b], backend_name, input_ids=ids[b], cache=singles[b], sampling=sampling, **kw)
+            fr.check_invariants(total_token=cfg.total_token, depth=cfg.depth, top_k=cfg.top_k, sampling=sampling)
+            assert fr.same_tree(alone), f"sequence {b} differs from drafting it alone (call {call})"
+            new_single.append(alone.cache)
+        singles = new_single
+        caches = [fr.cache for fr in frs] if frs[0].cache is not None else None
+        # next call: each sequence accepts a different number of tokens (ragged n_b)
+        nxt_ids, nxt_feats = [], []
+        for b in range(len(seqs)):
+            n = int(torch.randint(1, 7, (1,), generator=g))
+            nxt_ids.append(torch.cat([ids[b], torch.randint(0, cfg.target_vocab_size, (1, n), generator=g)], dim=1))
+            nxt_feats.append(torch.randn(1, n, cfg.feature_size, generator=g))
+        ids, feats = nxt_ids, nxt_feats
+
+
+def test_batch_cache_is_one_allocation_and_rolls_back_on_failure():
+    cfg = random_config(**BATCH_CFGS[0])
+    w = random_weights(cfg, seed=3)
+    seqs, g = _ragged_batch(cfg, 3, batch=3)
+    bc = BatchDraftCache(cfg, 3, max_length=40, dtype=torch.float32, device="cpu")
+    frs = frontier_generate_batch(cfg, [s[1] for s in seqs], "torch_ref", input_ids=[s[0] for s in seqs], weights=w, caches=bc)
+    assert bc.lengths == [s[0].shape[1] - 1 for s in seqs]
+    assert all(fr.cache is bc[b] for b, fr in enumerate(frs))
+    assert all(fr.cache.k.data_ptr() == bc.k[b].data_ptr() for b, fr in enumerate(frs))
+    k_before, lengths = bc.k.clone(), bc.lengths
+    # Sequence 2 overflows its slot: nothing may change for any sequence.
+    ids = [torch.cat([s[0], torch.randint(0, 200, (1, n))], dim=1) for s, n in zip(seqs, (2, 3, 40))]
+    feats = [torch.randn(1, n, cfg.feature_size) for n in (2, 3, 40)]
+    with pytest.raises(CacheError, match="sequence 2: draft cache overflow"):
+        frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w, caches=bc)
+    assert bc.lengths == lengths and torch.equal(bc.k, k_before)
+
+
+def test_batch_rolls_back_when_the_backend_fails_midway():
+    cfg = random_config(**BATCH_CFGS[0])
+    w = random_weights(cfg, seed=4)
+    seqs, _ = _ragged_batch(cfg, 4, batch=3)
+    bc = BatchDraftCache(cfg, 3, max_length=64, dtype=torch.float32, device="cpu")
+
+    class FailsOnThird(frontier.get_backend("torch_ref").__class__):
+        calls = 0
+
+        def generate(self, request):
+            type(self).calls += 1
+            if type(self).calls == 3:
+                raise RuntimeError("boom")
+            return super().generate(request)
+
+    frontier.register_backend("fails_on_third", FailsOnThird())
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            frontier_generate_batch(cfg, [s[1] for s in seqs], "fails_on_third", input_ids=[s[0] for s in seqs], weights=w, caches=bc)
+    finally:
+        frontier.unregister_backend("fails_on_third")
+    assert bc.lengths == [0, 0, 0]
+
+
+def test_batch_input_errors():
+    cfg = random_config(**BATCH_CFGS[0])
+    w = random_weights(cfg, seed=5)
+    seqs, _ = _ragged_batch(cfg, 5, batch=2)
+    feats, ids = [s[1] for s in seqs], [s[0] for s in seqs]
+    with pytest.raises(InputError, match="list of 2 tensors"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids[:1], weights=w)
+    with pytest.raises(InputError, match="non-empty list"):
+        frontier_generate_batch(cfg, [], "torch_ref", input_ids=[], weights=w)
+    with pytest.raises(InputError, match="sequence 1: features_concat last dimension"):
+        frontier_generate(cfg, [feats[0], feats[1][..., :-1]], "torch_ref", input_ids=ids, weights=w)
+    with pytest.raises(InputError, match="one dtype"):
+        frontier_generate(cfg, [feats[0], feats[1].double()], "torch_ref", input_ids=ids, weights=w)
+    shared = frontier.DraftCache.for_config(cfg, dtype=torch.float32, device="cpu")
+    with pytest.raises(InputError, match="distinct"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache=[shared, shared])
+    with pytest.raises(InputError, match="one entry per sequence"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache=[None])
