@@ -1,0 +1,825 @@
+"""Lossless speculative generation with a Hugging Face causal-LM target.
+
+One call, the target's own output, faster::
+
+    from frontier import generate
+    out = generate(target, input_ids, cfg=cfg, weights=weights, backend="torch_ref", max_new_tokens=64)
+    out.sequences          # [1, P + N], what target.generate(...) returns
+    print(out.stats.table())
+
+The loop (EAGLE-2/EAGLE-3 dynamic trees):
+
+1. Prefill: one target forward over the prompt (P tokens). Its last logits give the first
+   new token (the first tree root); its features (EAGLE-3: the hidden states entering layers
+   2, L//2 and L-3, concatenated; EAGLE-2: the final, normed hidden state) seed the drafter.
+2. Draft: ``frontier_generate`` builds a tree of T tokens rooted at the last new token.
+3. Verify: ONE target forward over the T tree tokens at positions ``context + tree_position_ids``,
+   attending to the whole cached context plus the tree mask (an additive 4-D mask). The target
+   KV cache grows by T rows.
+4. Accept (on the device, see :func:`greedy_accept` / :func:`sampling_accept`): the deepest
+   tree node whose whole path the target agrees with, plus the target's next token. One small
+   host read per step fetches how many tokens were accepted and which ones.
+5. Compact: the accepted path's K/V rows move to the end of the context, the rest is dropped.
+   The accepted rows' target features, with the new root token, feed the next draft call.
+   (The draft cache never holds tree rows, so it needs no compaction: the next draft call
+   appends the accepted rows' draft K/V from their target features.)
+
+Greedy verification accepts exactly the tokens the target's argmax would produce, so the output
+equals ``target.generate(do_sample=False)``. Sampling verification is EAGLE's tree rejection
+scheme: at each accepted node the children are tried in node order, child ``x`` is accepted with
+probability ``p(x)`` under the target's (warped) distribution renormalised after the earlier
+siblings' rejections, and if all are rejected the next token is drawn from the residual. With a
+deterministic draft this leaves the output distribution exactly the target's.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import torch
+
+from .api import frontier_generate
+from .config import FrontierConfig
+from .errors import FrontierError, InputError
+from .registry import get_backend
+from .weights import DraftWeights
+
+__all__ = [
+    "generate",
+    "SpeculativeGenerator",
+    "GenerationResult",
+    "GenerationStats",
+    "SamplingParams",
+    "eagle3_tap_layers",
+    "greedy_accept",
+    "sampling_accept",
+    "tree_parents",
+    "warp_logits",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Stats
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class GenerationStats:
+    """What one :meth:`SpeculativeGenerator.generate` call did and how long it took.
+
+    ``accepted_lengths`` holds, per verify forward, the tokens it produced: the accepted draft
+    tokens plus the target's own next token (EAGLE's "accept length" tau counts the same way),
+    so ``mean_accepted_length`` is 1.0 when no draft token is ever accepted.
+    """
+
+    backend: str = ""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # prefill + verify forwards
+    draft_calls: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+    time_total: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verify forward (accepted draft tokens + 1); 0.0 before the first verify."""
+        if not self.accepted_lengths:
+            return 0.0
+        return sum(self.accepted_lengths) / len(self.accepted_lengths)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            verify_steps=self.verify_steps,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return d
+
+    def table(self) -> str:
+        """A small two-column text table of the headline numbers."""
+        total = self.time_total or 1e-12
+
+        def pct(t: float) -> str:
+            return f"{t * 1e3:9.1f} ms  ({100 * t / total:5.1f}%)"
+
+        rows = [
+            ("backend", self.backend),
+            ("prompt tokens", str(self.prompt_tokens)),
+            ("new tokens", str(self.new_tokens)),
+            ("target forwards", f"{self.target_forwards} (1 prefill + {self.verify_steps} verify)"),
+            ("mean accepted length", f"{self.mean_accepted_length:.3f} tokens / verify"),
+            ("tokens/s", f"{self.tokens_per_second:.1f}"),
+            ("time prefill", pct(self.time_prefill)),
+            ("time draft", pct(self.time_draft)),
+            ("time verify", pct(self.time_verify)),
+            ("time other", pct(self.time_other)),
+            ("time total", f"{self.time_total * 1e3:9.1f} ms"),
+            ("stopped by", self.stop_reason),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+@dataclass
+class GenerationResult:
+    """``sequences`` [1, P + N] (prompt + new tokens, like ``target.generate``) and the stats."""
+
+    sequences: torch.Tensor
+    prompt_length: int
+    stats: GenerationStats
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """[1, N] the generated tokens only."""
+        return self.sequences[:, self.prompt_length :]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling parameters and logits warping (Hugging Face generate's definitions and order)
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature <= 1e-5`` means greedy. ``top_k=0`` and ``top_p=1.0`` switch those off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 1e-5
+
+    def check(self) -> "SamplingParams":
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise InputError(f"temperature must be a number >= 0 (0 = greedy), got temperature={self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must lie in (0, 1] (1 = off), got top_p={self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InputError(f"top_k must be an int >= 0 (0 = off), got top_k={self.top_k!r}")
+        return self
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, as ``transformers``' generate applies them.
+
+    logits: [R, V] (any number of rows; each row independent). Returns float32 [R, V] logits
+    with filtered entries at -inf.
+    """
+    x = logits.float() / params.temperature  # [R, V]
+    v = x.shape[-1]
+    if params.top_k > 0 and params.top_k < v:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [R, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=False)  # ascending, like HF
+        cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)  # [R, V]
+        remove_sorted = cum <= (1.0 - params.top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        x = x.masked_fill(remove, float("-inf"))
+    return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Tree verification, on the device
+# ----------------------------------------------------------------------------------------------
+def tree_parents(tree_mask: torch.Tensor) -> torch.Tensor:
+    """[T] parent position of every node (root -> 0), from the [1, 1, T, T] ancestor mask.
+
+    Ancestors precede their descendants, so a node's parent is its largest strict ancestor.
+    """
+    m = tree_mask[0, 0] > 0  # [T, T]
+    t = m.shape[0]
+    cols = torch.arange(t, device=m.device)  # [T]
+    strict = m & (cols[None, :] < cols[:, None])  # [T, T]
+    return torch.where(strict, cols[None, :], torch.zeros_like(cols)[None, :]).amax(dim=1)  # [T]
+
+
+def _path_of(mask: torch.Tensor, node: torch.Tensor, width: int) -> torch.Tensor:
+    """[width] positions root -> node (ascending ancestors), padded with T."""
+    t = mask.shape[0]
+    cols = torch.arange(t, device=mask.device)
+    keyed = torch.where(mask[node], cols, torch.full_like(cols, t))  # [T]
+    return torch.sort(keyed).values[:width]  # [width]
+
+
+def greedy_accept(
+    logits: torch.Tensor, draft_tokens: torch.Tensor, tree_mask: torch.Tensor, depth: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification of one tree, with no host read.
+
+    logits: [T, V] target logits of the tree nodes; draft_tokens: [T] (root first);
+    tree_mask [1, 1, T, T]; depth [T] (tree_position_ids); width >= 1 + max depth.
+    A node is accepted when every node on its path (root excluded) is the target's argmax at
+    its parent. Returns (best [] deepest accepted node, path [width] positions root -> best
+    padded with T, next_token [] the target's argmax at best). The accepted draft tokens are
+    ``draft_tokens[path[1 : depth[best] + 1]]``.
+    """
+    m = tree_mask[0, 0] > 0  # [T, T]
+    parent = tree_parents(tree_mask)  # [T]
+    target_next = logits.argmax(dim=-1)  # [T] argmax is the first maximum, like generate
+    ok = draft_tokens == target_next[parent]  # [T]
+    ok[0] = True  # the root was produced by the target itself
+    accepted = ~(m & ~ok[None, :]).any(dim=1)  # [T] whole path agrees
+    best = torch.where(accepted, depth, torch.full_like(depth, -1)).argmax()  # [] unique deepest
+    return best, _path_of(m, best, width), target_next[best]
+
+
+def sampling_accept(
+    probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    tree_mask: torch.Tensor,
+    depth: torch.Tensor,
+    width: int,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampling verification of one tree (EAGLE's tree rejection scheme), with no host read.
+
+    probs: [T, V] the target's warped next-token distribution at every node. Walking down from
+    the root, the children of the current node are tried in node order; child ``x`` is accepted
+    with probability ``p(x) / (1 - sum of p over the siblings tried before it)``; the first
+    accepted child becomes the current node. When every child is rejected (or the node is a
+    leaf) the next token is drawn from the residual ``p`` with the tried children removed. All
+    coin flips are drawn at once (one uniform per node), so the walk is a few tensor ops.
+    Returns (best, path, next_token) like :func:`greedy_accept`.
+    """
+    t = draft_tokens.shape[0]
+    m = tree_mask[0, 0] > 0  # [T, T]
+    parent = tree_parents(tree_mask)  # [T]
+    idx = torch.arange(t, device=probs.device)
+    is_child = idx > 0  # [T]
+    p_self = probs[parent, draft_tokens]  # [T] p_parent(x_i)
+    p_self = torch.where(is_child, p_self, torch.zeros_like(p_self))
+    earlier_sib = (parent[:, None] == parent[None, :]) & (idx[None, :] < idx[:, None])  # [T, T]
+    earlier_sib &= is_child[:, None] & is_child[None, :]
+    tried_mass = (earlier_sib.to(probs.dtype) * p_self[None, :]).sum(dim=1)  # [T]
+    accept_p = p_self / (1.0 - tried_mass).clamp_min(1e-20)  # [T]
+    u = torch.rand(t, device=probs.device, generator=generator, dtype=probs.dtype)  # [T]
+    ok = (u < accept_p) & is_child  # [T]
+    first_ok = ok & ~(earlier_sib & ok[None, :]).any(dim=1)  # [T] the first accepted sibling
+    first_ok[0] = True
+    on_path = ~(m & ~first_ok[None, :]).any(dim=1)  # [T]
+    best = torch.where(on_path, depth, torch.full_like(depth, -1)).argmax()  # []
+    # Residual at best: its children (all tried and rejected, else a child would be deeper).
+    children = (parent == best) & is_child  # [T]
+    p = probs[best]  # [V]
+    removed = torch.zeros_like(p).scatter_add_(0, draft_tokens, children.to(p.dtype))  # [V] > 0: a child
+    residual = torch.where(removed > 0, torch.zeros_like(p), p)
+    mass = residual.sum()
+    residual = torch.where(mass > 1e-12, residual, p)  # rounding guard: all mass was in the children
+    next_token = torch.multinomial(residual, 1, generator=generator)[0]  # [] (normalises itself)
+    return best, _path_of(m, best, width), next_token
+
+
+# ----------------------------------------------------------------------------------------------
+# Target adapter: prefill / verify / compact on a Hugging Face causal LM
+# ----------------------------------------------------------------------------------------------
+def eagle3_tap_layers(num_layers: int) -> list[int]:
+    """Decoder layers whose INPUT hidden states EAGLE-3 concatenates: 2, L//2, L-3.
+
+    Like the public EAGLE target code, a layer is tapped once even if two of the three indices
+    coincide (small L), in ascending order; indices outside [0, L) are dropped.
+    """
+    return sorted({i for i in (2, num_layers // 2, num_layers - 3) if 0 <= i < num_layers})
+
+
+def _decoder_layers(target: Any) -> Any:
+    base = getattr(target, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None and hasattr(target, "get_decoder"):
+        layers = getattr(target.get_decoder(), "layers", None)
+    if layers is None:
+        raise InputError(
+            f"target {type(target).__name__} has no decoder layers at .model.layers; "
+            "frontier.generate supports Llama-family causal LMs"
+        )
+    return layers
+
+
+class _TargetRunner:
+    """Runs the target and captures the draft features through forward hooks."""
+
+    SUPPORTED_ATTN = ("eager", "sdpa")
+
+    def __init__(self, target: Any, architecture: str) -> None:
+        if not isinstance(target, torch.nn.Module) or not callable(getattr(target, "forward", None)):
+            raise InputError(f"target must be a Hugging Face causal LM (torch.nn.Module), got {type(target).__name__}")
+        self.target = target
+        cfg = getattr(target, "config", None)
+        if cfg is None:
+            raise InputError(f"target {type(target).__name__} has no .config")
+        attn = getattr(cfg, "_attn_implementation", None) or "eager"
+        if attn not in self.SUPPORTED_ATTN:
+            raise InputError(
+                f"target uses attn_implementation={attn!r}, which cannot take the tree's 4-D attention mask; "
+                "load it with attn_implementation='sdpa' or 'eager'"
+            )
+        self.layers = _decoder_layers(target)
+        self.num_layers = len(self.layers)
+        self.hidden_size = int(cfg.hidden_size)
+        head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+        self.vocab_size = int(head.weight.shape[0]) if head is not None else int(cfg.vocab_size)
+        p = next(target.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.architecture = architecture
+        self.taps = eagle3_tap_layers(self.num_layers) if architecture == "eagle3" else []
+        self.feature_size = len(self.taps) * self.hidden_size if architecture == "eagle3" else self.hidden_size
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: list[Any] = []
+
+    # -- hooks -----------------------------------------------------------------------------
+    def attach(self) -> None:
+        if self._hooks:
+            return
+        if self.architecture == "eagle3":
+            for i in self.taps:
+
+                def pre_hook(module, args, kwargs, _i=i):
+                    h = args[0] if args else kwargs.get("hidden_states")
+                    self._captured[_i] = h
+
+                self._hooks.append(self.layers[i].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        else:
+            base = getattr(self.target, "model", None) or self.target.get_decoder()
+
+            def post_hook(module, args, output):
+                h = output[0] if isinstance(output, tuple) else getattr(output, "last_hidden_state", output)
+                self._captured[-1] = h
+
+            self._hooks.append(base.register_forward_hook(post_hook))
+
+    def detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._captured.clear()
+
+    def _features(self) -> torch.Tensor:
+        if self.architecture == "eagle3":
+            feats = torch.cat([self._captured[i] for i in self.taps], dim=-1)  # [1, n, k*H]
+        else:
+            feats = self._captured[-1]  # [1, n, H]
+        self._captured.clear()
+        return feats
+
+    # -- forwards --------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Returns (last logits [1, V_t], features [1, P, F], cache)."""
+        out = self.target(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        check_cache(cache)
+        return out.logits[:, -1], self._features(), cache
+
+    def verify(
+        self, tokens: torch.Tensor, tree_mask: torch.Tensor, tree_position_ids: torch.Tensor, context: int, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over the T tree tokens. Returns (logits [T, V_t], features [1, T, F])."""
+        t = tokens.shape[-1]
+        neg = torch.finfo(self.dtype).min
+        tree_part = torch.where(tree_mask[0, 0] > 0, 0.0, neg).to(self.dtype)  # [T, T]
+        mask = torch.cat(
+            [torch.zeros(t, context, dtype=self.dtype, device=self.device), tree_part], dim=1
+        )[None, None]  # [1, 1, T, context + T]: full context + the tree's ancestors-or-self
+        position_ids = (tree_position_ids + context)[None]  # [1, T]
+        out = self.target(
+            input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True
+        )
+        return out.logits[0], self._features()
+
+
+def _cache_tensors(cache: Any) -> list[tuple[Any, str, str]]:
+    """(holder, key attribute, value attribute) per layer, for the supported cache layouts."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer, "keys", "values") for layer in layers]
+    if hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):  # older DynamicCache
+        return [(_ListSlot(cache, i), "keys", "values") for i in range(len(cache.key_cache))]
+    raise InputError(f"the target returned a {type(cache).__name__} cache, which frontier cannot compact")
+
+
+class _ListSlot:
+    def __init__(self, cache: Any, i: int) -> None:
+        self.cache, self.i = cache, i
+
+    @property
+    def keys(self):
+        return self.cache.key_cache[self.i]
+
+    @keys.setter
+    def keys(self, value):
+        self.cache.key_cache[self.i] = value
+
+    @property
+    def values(self):
+        return self.cache.value_cache[self.i]
+
+    @values.setter
+    def values(self, value):
+        self.cache.value_cache[self.i] = value
+
+
+def check_cache(cache: Any) -> None:
+    """Only plain dynamic (full-attention) caches can be extended by a tree and compacted."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        for layer in layers:
+            name = type(layer).__name__
+            if name != "DynamicLayer":
+                raise InputError(
+                    f"the target's cache has a {name} layer (sliding window or hybrid attention); "
+                    "frontier.generate needs full attention (DynamicLayer) in every layer"
+                )
+    else:
+        _cache_tensors(cache)
+
+
+def compact_cache(cache: Any, context: int, keep: torch.Tensor) -> None:
+    """Keep the tree rows ``context + keep`` (in order) right after the context; drop the rest.
+
+    keep: [m] int64 device tensor of tree positions (the accepted path, root first). Runs on the
+    cache's device: an index_select and a copy per layer, no host read.
+    """
+    m = keep.shape[0]
+    for holder, ka, va in _cache_tensors(cache):
+        for attr in (ka, va):
+            x = getattr(holder, attr)  # [B, n_kv, context + T, d]
+            rows = x.index_select(2, keep + context)  # [B, n_kv, m, d]
+            x[:, :, context : context + m] = rows
+            setattr(holder, attr, x[:, :, : context + m])
+
+
+# ----------------------------------------------------------------------------------------------
+# The generator
+# ----------------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _as_id_set(x: Any, name: str) -> set[int]:
+    if x is None:
+        return set()
+    if isinstance(x, torch.Tensor):
+        x = x.flatten().tolist()
+    if isinstance(x, int):
+        return {int(x)}
+    try:
+        out = {int(v) for v in x}
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a token id or a list of token ids, got {x!r}") from None
+    return out
+
+
+class SpeculativeGenerator:
+    """A target + draft head pair that generates with EAGLE speculative decoding.
+
+    Parameters
+    ----------
+    target: a Hugging Face causal LM (Llama family), eager or sdpa attention, in eval mode.
+    cfg: the draft head's :class:`FrontierConfig` (tree shape: total_token, depth, top_k).
+    weights: the draft head (:class:`DraftWeights`); None for weight-free backends (stub).
+    backend: a registered backend name.
+    padded: draft with ``padded=True`` (no host read inside the draft call); verification uses
+        only the tree mask and depths, so both layouts work.
+
+    The hooks that capture the target's features are attached for the duration of each
+    :meth:`generate` call only.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        cfg: FrontierConfig,
+        weights: Optional[DraftWeights] = None,
+        *,
+        backend: str = "torch_ref",
+        padded: bool = True,
+    ) -> None:
+        if not isinstance(cfg, FrontierConfig):
+            raise InputError(f"cfg must be a frontier.FrontierConfig, got {type(cfg).__name__}")
+        if not isinstance(backend, str):
+            raise InputError(f"backend must be a backend name (str), got {type(backend).__name__}")
+        impl = get_backend(backend)
+        self.requires_weights = bool(getattr(impl, "requires_weights", False))
+        if self.requires_weights and weights is None:
+            raise InputError(f"backend {backend!r} needs the draft head: pass weights=")
+        if weights is not None and not isinstance(weights, DraftWeights):
+            raise InputError(f"weights must be a frontier.DraftWeights, got {type(weights).__name__}")
+        if not self.requires_weights:
+            weights = None  # weight-free backends (the stub) take none
+        self.cfg, self.weights, self.backend, self.padded = cfg, weights, backend, bool(padded)
+        self.runner = _TargetRunner(target, cfg.architecture)
+        r = self.runner
+        if cfg.feature_size != r.feature_size:
+            if cfg.architecture == "eagle3":
+                why = (
+                    f"EAGLE-3 taps the hidden states entering layers {r.taps} of the target's {r.num_layers} layers, "
+                    f"{len(r.taps)} x hidden_size {r.hidden_size} = {r.feature_size}"
+                )
+            else:
+                why = f"EAGLE-2 takes the target's last hidden state, hidden_size {r.hidden_size}"
+            raise InputError(
+                f"draft head and target hidden sizes do not match: the head's feature_size is {cfg.feature_size} "
+                f"but {why}"
+            )
+        if cfg.target_vocab_size != r.vocab_size:
+            raise InputError(
+                f"draft head and target vocabularies do not match: the head's target_vocab_size is "
+                f"{cfg.target_vocab_size}, the target's lm_head has {r.vocab_size} rows"
+            )
+        if weights is not None:
+            weights.validate(cfg)
+            if weights.device != r.device:
+                raise InputError(f"the draft head is on {weights.device} but the target on {r.device}; move one")
+        self.feature_dtype = weights.dtype if weights is not None else r.dtype
+
+    # ------------------------------------------------------------------------------------------
+    def _check_prompt(self, input_ids: Any) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor):
+            raise InputError(f"input_ids must be a torch.Tensor [1, P] of token ids, got {type(input_ids).__name__}")
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be [1, P], got shape {list(input_ids.shape)}")
+        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise InputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.shape[0] != 1:
+            raise InputError(
+                f"batch size {input_ids.shape[0]} is not supported yet: speculative generation takes one "
+                f"sequence, input_ids [1, P] (got shape {list(input_ids.shape)})"
+            )
+        if input_ids.shape[1] == 0:
+            raise InputError("input_ids is empty: the prompt needs at least one token")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.runner.vocab_size:
+            raise InputError(
+                f"input_ids must lie in [0, {self.runner.vocab_size}) (the target's vocabulary), got range [{lo}, {hi}]"
+            )
+        return input_ids.to(device=self.runner.device, dtype=torch.long)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        max_new_tokens: int = 128,
+        max_length: Optional[int] = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_id: Union[None, int, Sequence[int]] = "default",  # type: ignore[assignment]
+        stop_token_ids: Optional[Iterable[int]] = None,
+        seed: Optional[int] = None,
+        generator: Optional[torch.Generator] = None,
+        callback: Optional[Callable[[torch.Tensor, GenerationStats], Any]] = None,
+        profile: bool = True,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, P].
+
+        Stops at the first EOS / stop token (kept in the output, like ``generate``), after
+        ``max_new_tokens`` new tokens, or when the sequence reaches ``max_length`` tokens.
+        ``eos_token_id`` defaults to the target's ``generation_config.eos_token_id``; pass
+        None to ignore EOS. ``temperature > 0`` samples (with ``top_k``/``top_p``); ``seed``
+        or ``generator`` make sampling reproducible. ``callback(new_token_ids [1, n], stats)``
+        runs after every step (progress displays). ``profile`` synchronises the device around
+        each phase so the time split is exact.
+        """
+        prompt = self._check_prompt(input_ids)
+        p_len = prompt.shape[1]
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be a positive int, got max_new_tokens={max_new_tokens!r}")
+        budget = max_new_tokens
+        if max_length is not None:
+            if not isinstance(max_length, int) or isinstance(max_length, bool):
+                raise InputError(f"max_length must be an int, got max_length={max_length!r}")
+            if max_length <= p_len:
+                raise InputError(
+                    f"max_length={max_length} leaves no room to generate: the prompt already has {p_len} tokens "
+                    "(max_length counts the prompt plus the new tokens)"
+                )
+            budget = min(budget, max_length - p_len)
+        params = SamplingParams(float(temperature), float(top_p), int(top_k)).check()
+        if eos_token_id == "default":
+            gc = getattr(self.runner.target, "generation_config", None)
+            eos_token_id = getattr(gc, "eos_token_id", None)
+        stops = _as_id_set(eos_token_id, "eos_token_id")
+        extra_stops = _as_id_set(stop_token_ids, "stop_token_ids")
+        if generator is None and seed is not None:
+            if not isinstance(seed, int):
+                raise InputError(f"seed must be an int, got {seed!r}")
+            generator = torch.Generator(device=self.runner.device).manual_seed(seed)
+
+        r, cfg = self.runner, self.cfg
+        device = r.device
+        stats = GenerationStats(backend=self.backend, prompt_tokens=p_len)
+        width = min(cfg.total_token, cfg.depth + 2)
+        # Sequence buffer on the device: prompt, the emitted tokens, room for the next root.
+        seq = torch.empty(1, p_len + budget + 1, dtype=torch.long, device=device)
+        seq[:, :p_len] = prompt
+        emitted: list[int] = []
+        fed_len = 0  # tokens whose target K/V are cached (the target's context length)
+        draft_cache = None
+        sync = (lambda: _sync(device)) if profile else (lambda: None)
+        draft_kwargs: dict[str, Any] = {}
+        if self.requires_weights:
+            draft_kwargs["weights"] = self.weights
+            draft_kwargs["cache_max_length"] = p_len + budget + 2
+            if device.type == "cuda":
+                draft_kwargs["check_token_range"] = False  # token ids come from the target/drafter
+
+        def finish(tokens: list[int]) -> tuple[list[int], Optional[str]]:
+            """Cut ``tokens`` at the first stop token or at the budget; say why it stopped."""
+            for i, tok in enumerate(tokens):
+                if tok in stops or tok in extra_stops:
+                    return tokens[: i + 1], ("eos" if tok in stops else "stop_token")
+            room = budget - len(emitted)
+            if len(tokens) >= room:
+                reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
+                return tokens[:room], reason
+            return tokens, None
+
+        r.attach()
+        try:
+            t_start = time.perf_counter()
+            # ---- prefill ------------------------------------------------------------------
+            last_logits, feats, cache = r.prefill(prompt)
+            if params.greedy:
+                root = last_logits.argmax(dim=-1)  # [1]
+            else:
+                probs0 = warp_logits(last_logits, params).softmax(dim=-1)  # [1, V]
+                root = torch.multinomial(probs0, 1, generator=generator)[:, 0]  # [1]
+            seq[:, p_len] = root
+            fed_len = p_len
+            stats.target_forwards += 1
+            first = int(root)  # host read: the first token
+            sync()
+            stats.time_prefill = time.perf_counter() - t_start
+            new, reason = finish([first])
+            emitted += new
+            if callback is not None:
+                callback(seq[:, p_len : p_len + len(emitted)], stats)
+            new_feats = feats  # [1, n, F] features of the rows the drafter has not seen
+
+            while reason is None:
+                # ---- draft ----------------------------------------------------------------
+                t0 = time.perf_counter()
+                seq_len = p_len + len(emitted)  # the last one is the root, not yet fed
+                fr = frontier_generate(
+                    cfg,
+                    new_feats.to(self.feature_dtype),
+                    backend=self.backend,
+                    input_ids=seq[:, :seq_len],
+                    cache=draft_cache,
+                    sampling=not params.greedy,
+                    padded=self.padded,
+                    **draft_kwargs,
+                )
+                draft_cache = fr.cache
+                stats.draft_calls += 1
+                sync()
+                t1 = time.perf_counter()
+                stats.time_draft += t1 - t0
+
+                # ---- verify ---------------------------------------------------------------
+                tokens = fr.draft_tokens.to(device)  # [1, T]
+                tmask = fr.tree_mask.to(device)
+                tpos = fr.tree_position_ids.to(device)
+                logits, tree_feats = r.verify(tokens, tmask, tpos, fed_len, cache)  # [T, V], [1, T, F]
+                stats.target_forwards += 1
+                if params.greedy:
+                    best, path, nxt = greedy_accept(logits, tokens[0], tmask, tpos, width)
+                else:
+                    probs = warp_logits(logits, params).softmax(dim=-1)  # [T, V]
+                    best, path, nxt = sampling_accept(probs, tokens[0], tmask, tpos, width, generator)
+                padded_tokens = torch.cat([tokens[0], tokens.new_full((1,), -1)])  # [T + 1], T -> -1
+                small = torch.cat([tpos[best][None], nxt[None], padded_tokens[path]])  # [2 + width]
+                vals = small.tolist()  # the one host read of the step
+                acc, next_tok, path_tokens = vals[0], vals[1], vals[2:]
+                t2 = time.perf_counter()
+                stats.time_verify += t2 - t1
+                stats.accepted_lengths.append(acc + 1)
+
+                # ---- accept ---------------------------------------------------------------
+                new, reason = finish(path_tokens[1 : acc + 1] + [next_tok])
+                if new:
+                    seq[0, p_len + len(emitted) : p_len + len(emitted) + len(new)] = torch.tensor(new, device=device)
+                emitted += new
+                if reason is None:
+                    keep = path[: acc + 1]  # [acc + 1] tree positions, root first
+                    compact_cache(cache, fed_len, keep)
+                    new_feats = tree_feats.index_select(1, keep)  # [1, acc + 1, F]
+                    fed_len += acc + 1
+                if callback is not None:
+                    callback(seq[:, p_len : p_len + len(emitted)], stats)
+                stats.time_other += time.perf_counter() - t2
+            stats.stop_reason = reason
+        finally:
+            r.detach()
+        stats.new_tokens = len(emitted)
+        stats.time_total = time.perf_counter() - t_start
+        stats.time_other = max(0.0, stats.time_total - stats.time_prefill - stats.time_draft - stats.time_verify)
+        out = seq[:, : p_len + len(emitted)].clone()
+        return GenerationResult(sequences=out, prompt_length=p_len, stats=stats)
+
+
+def generate(
+    target: Any,
+    input_ids: torch.Tensor,
+    *,
+    cfg: FrontierConfig,
+    weights: Optional[DraftWeights] = None,
+    backend: str = "torch_ref",
+    padded: bool = True,
+    **kwargs: Any,
+) -> GenerationResult:
+    """Speculative generation in one call; see :class:`SpeculativeGenerator` and its ``generate``.
+
+    ``kwargs``: max_new_tokens, max_length, temperature, top_p, top_k, eos_token_id,
+    stop_token_ids, seed, generator, callback, profile.
+    """
+    gen = SpeculativeGenerator(target, cfg, weights, backend=backend, padded=padded)
+    return gen.generate(input_ids, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Random pairs (no downloads): a randomly initialised Llama target and a matching EAGLE-3 head
+# ----------------------------------------------------------------------------------------------
+RANDOM_PRESETS: dict[str, dict[str, int]] = {
+    # hidden, layers, heads, kv heads, intermediate, vocab; the head shares hidden and vocab.
+    "tiny": dict(hidden=64, layers=8, heads=4, kv_heads=2, intermediate=128, vocab=256),
+    "small": dict(hidden=512, layers=12, heads=8, kv_heads=4, intermediate=1408, vocab=8192),
+    "large": dict(hidden=2048, layers=16, heads=16, kv_heads=8, intermediate=5632, vocab=32000),
+}
+
+
+def random_pair(
+    preset: str = "tiny",
+    *,
+    total_token: int = 16,
+    depth: int = 4,
+    top_k: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: Any = "cpu",
+    draft_vocab_size: Optional[int] = None,
+    attn_implementation: str = "sdpa",
+) -> tuple[Any, FrontierConfig, DraftWeights]:
+    """(target LlamaForCausalLM, cfg, EAGLE-3 weights), randomly initialised from ``seed``.
+
+    The head embeds with the target's own embedding table (as EAGLE-3 heads do).
+    """
+    if preset not in RANDOM_PRESETS:
+        raise InputError(f"unknown random preset {preset!r}; choose one of {sorted(RANDOM_PRESETS)}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .random_head import random_config, random_weights
+
+    p = RANDOM_PRESETS[preset]
+    torch.manual_seed(seed)
+    tcfg = LlamaConfig(
+        hidden_size=p["hidden"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        intermediate_size=p["intermediate"],
+        vocab_size=p["vocab"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation=attn_implementation,
+    )
+    target = LlamaForCausalLM(tcfg).to(device=device, dtype=dtype).eval()
+    n_taps = len(eagle3_tap_layers(p["layers"]))
+    cfg = random_config(
+        total_token=total_token,
+        depth=depth,
+        top_k=top_k,
+        vocab_size=draft_vocab_size or p["vocab"],
+        target_vocab_size=p["vocab"],
+        hidden_size=p["hidden"],
+        feature_size=n_taps * p["hidden"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        intermediate_size=p["intermediate"],
+    )
+    w = random_weights(cfg, seed=seed + 1, dtype=dtype, device=device)
+    w.embed_tokens = target.get_input_embeddings().weight.detach()
+    return target, cfg, w.validate(cfg)
