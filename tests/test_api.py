@@ -1,0 +1,290 @@
+"""frontier_generate: input validation (with message checks) and every backend's output contract."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+from frontier import (
+    Backend,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    CacheError,
+    ConfigError,
+    FrontierConfig,
+    FrontierError,
+    InputError,
+    WeightsError,
+    frontier_generate,
+    get_backend,
+    register_backend,
+)
+from frontier import registry
+from frontier.backends.stub import StubBackend
+from frontier.random_head import random_config, random_inputs, random_weights
+
+CFG = FrontierConfig(total_token=20, depth=3, top_k=4, vocab_size=100, hidden_size=8)  # F = 24
+
+
+def feats(n=3, f=24, dtype=torch.float32, **kw):
+    return torch.randn(1, n, f, dtype=dtype, **kw)
+
+
+@pytest.fixture
+def clean_registry():
+    saved = dict(registry._entries)
+    yield
+    with registry._lock:
+        registry._entries.clear()
+        registry._entries.update(saved)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad inputs: each raises before dispatch, with a message naming the argument and the expectation
+# ----------------------------------------------------------------------------------------------
+BAD_INPUTS = [
+    # (description, call kwargs, error class, regex on the message)
+    ("cfg not a config", dict(cfg={"total_token": 20}), InputError, r"cfg must be a FrontierConfig, got dict"),
+    ("features not a tensor", dict(features_concat=[[0.0] * 24]), InputError,
+     r"features_concat must be a torch\.Tensor \[1, n, F\], got list"),
+    ("features 2-D", dict(features_concat=torch.randn(3, 24)), InputError,
+     r"features_concat must be 3-D \[1, n, F\], got shape \[3, 24\]"),
+    ("features 4-D", dict(features_concat=torch.randn(1, 1, 3, 24)), InputError, r"3-D \[1, n, F\], got shape \[1, 1, 3, 24\]"),
+    ("batch of 2", dict(features_concat=torch.randn(2, 3, 24)), InputError, r"batch size 1 \(\[1, n, F\]\), got shape \[2, 3, 24\]"),
+    ("no new rows", dict(features_concat=torch.randn(1, 0, 24)), InputError, r"at least one new row \(n >= 1\), got shape \[1, 0, 24\]"),
+    ("wrong feature width", dict(features_concat=torch.randn(1, 3, 8)), InputError,
+     r"last dimension must be feature_size F=24, got shape \[1, 3, 8\]"),
+    ("integer features", dict(features_concat=torch.zeros(1, 3, 24, dtype=torch.int64)), InputError,
+     r"features_concat must be a floating tensor, got dtype torch\.int64"),
+    ("features on an unsupported device", dict(features_concat=torch.zeros(1, 3, 24, device="meta")), InputError,
+     r"backend 'stub' runs on cpu, cuda; features_concat is on meta"),
+    ("input_ids not a tensor", dict(input_ids=[[1, 2, 3]]), InputError, r"input_ids must be a torch\.Tensor \[1, L\+1\], got list"),
+    ("input_ids 1-D", dict(input_ids=torch.tensor([1, 2, 3])), InputError, r"input_ids must be \[1, L\+1\], got shape \[3\]"),
+    ("input_ids batch 2", dict(input_ids=torch.zeros(2, 4, dtype=torch.long)), InputError, r"input_ids must be \[1, L\+1\], got shape \[2, 4\]"),
+    ("input_ids float", dict(input_ids=torch.zeros(1, 4)), InputError, r"input_ids must be an integer tensor \(int64\), got dtype torch\.float32"),
+    ("input_ids on another device", dict(input_ids=torch.zeros(1, 4, dtype=torch.long, device="meta")), InputError,
+     r"input_ids is on meta but features_concat on cpu"),
+    ("input_ids without a context token", dict(input_ids=torch.zeros(1, 1, dtype=torch.long)), InputError,
+     r"input_ids must hold at least two tokens \(context \+ root\), got shape \[1, 1\]"),
+    ("unknown backend", dict(backend="tirton"), BackendNotFoundError,
+     r"unknown backend 'tirton'; registered backends: .*stub.*torch_ref.*triton"),
+    ("backend not a name", dict(backend=StubBackend()), InputError, r"backend must be a backend name \(str\), got StubBackend"),
+    ("weights for the stub", dict(weights="w"), InputError, r"backend 'stub' takes no weights; drop weights=/ea_layer="),
+    ("lm_head without ea_layer", dict(lm_head=torch.zeros(3, 3)), InputError, r"lm_head= goes with ea_layer="),
+    ("bad cache_max_length", dict(cache_max_length=0), InputError, r"cache_max_length must be a positive int, got 0"),
+    ("seed not an int", dict(seed="7"), InputError, r"seed must be an int, got str"),
+]
+
+
+@pytest.mark.parametrize("what,kwargs,error,pattern", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_raise_clear_errors(what, kwargs, error, pattern):
+    call = dict(cfg=CFG, features_concat=feats(), backend="stub")
+    call.update(kwargs)
+    with pytest.raises(error) as info:
+        frontier_generate(**call)
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not found in {str(info.value)!r}"
+    assert isinstance(info.value, FrontierError)
+
+
+def test_config_violations_surface_as_config_errors():
+    with pytest.raises(ConfigError, match=r"total_token=200.*top_k=4.*depth=3.*<= 53"):
+        frontier_generate(CFG.replace(total_token=200), feats(), backend="stub")
+
+
+def test_int32_input_ids_are_accepted():
+    ids = torch.tensor([[3, 1, 4, 1]], dtype=torch.int32)
+    fr = frontier_generate(CFG, feats(), backend="stub", input_ids=ids)
+    assert fr.draft_tokens.dtype == torch.int64 and int(fr.draft_tokens[0, 0]) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# What a backend declares is enforced before dispatch; what it returns is checked
+# ----------------------------------------------------------------------------------------------
+class Declared(Backend):
+    """Runs the stub; declarations are set per test. Counts calls to prove nothing was dispatched."""
+
+    requires_weights = False
+    devices = ("cpu",)
+    dtypes = (torch.float64,)
+
+    def __init__(self, available=(True, ""), result=None, requires_weights=False):
+        self._available = available
+        self._result = result
+        self.requires_weights = requires_weights
+        self.calls = 0
+
+    def availability(self):
+        return self._available
+
+    def generate(self, request):
+        self.calls += 1
+        if self._result is not None:
+            return self._result
+        return StubBackend().generate(request)
+
+
+def test_declared_dtypes_and_devices_are_enforced(clean_registry):
+    b = Declared()
+    register_backend("f64only", b)
+    with pytest.raises(InputError, match=r"backend 'f64only' supports dtypes float64; features_concat is float32"):
+        frontier_generate(CFG, feats(), backend="f64only")
+    with pytest.raises(InputError, match=r"backend 'f64only' runs on cpu; features_concat is on meta"):
+        frontier_generate(CFG, feats(dtype=torch.float64, device="meta"), backend="f64only")
+    assert b.calls == 0
+    frontier_generate(CFG, feats(dtype=torch.float64), backend="f64only").check_invariants(total_token=20)
+    assert b.calls == 1
+
+
+def test_unavailable_backend_raises_or_falls_back(clean_registry):
+    b = Declared(available=(False, "needs a Hopper GPU"))
+    register_backend("hopper_only", b)
+    with pytest.raises(BackendUnavailableError, match=r"backend 'hopper_only' cannot run here: needs a Hopper GPU"):
+        frontier_generate(CFG, feats(dtype=torch.float64), backend="hopper_only")
+    assert b.calls == 0
+    ok, _ = get_backend("torch_ref").availability()
+    if not ok:
+        pytest.skip("torch_ref cannot run here, so there is nothing to fall back to")
+    cfg = random_config(total_token=10, depth=2, top_k=3)
+    w = random_weights(cfg, dtype=torch.float64)
+    ids, f = random_inputs(cfg, context=5, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"backend 'hopper_only' is unavailable \(needs a Hopper GPU\); falling back to 'torch_ref'"):
+        fr = frontier_generate(cfg, f, backend="hopper_only", input_ids=ids, weights=w, fallback=True)
+    fr.check_invariants(total_token=10, depth=2, top_k=3)
+    assert b.calls == 0
+
+
+def test_backend_returning_something_else_is_reported(clean_registry):
+    register_backend("liar", Declared(result={"draft_tokens": None}))
+    with pytest.raises(FrontierError, match=r"backend 'liar' returned dict, expected a Frontier"):
+        frontier_generate(CFG, feats(dtype=torch.float64), backend="liar")
+
+
+# Weight-carrying backends: validation is generic, so a declared test backend exercises it
+# without depending on any particular implementation.
+LAYER_CFG = random_config(total_token=12, depth=3, top_k=3, vocab_size=64, target_vocab_size=80, hidden_size=32)
+
+
+@pytest.fixture
+def weighted(clean_registry):
+    b = Declared(requires_weights=True)
+    b.dtypes = (torch.float32,)
+    register_backend("weighted", b)
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    return b, w, ids, f
+
+
+def test_weighted_backend_accepts_consistent_inputs(weighted):
+    b, w, ids, f = weighted
+    frontier_generate(LAYER_CFG, f, backend="weighted", input_ids=ids, weights=w).check_invariants(total_token=12)
+    assert b.calls == 1
+
+
+@pytest.mark.parametrize(
+    "what,change,error,pattern",
+    [
+        ("no layer dims", dict(cfg=FrontierConfig(total_token=12, depth=3, top_k=3, vocab_size=64, hidden_size=32,
+                                                  target_vocab_size=80)),
+         ConfigError, r"backend 'weighted' runs the draft layer and needs num_attention_heads, intermediate_size"),
+        ("no weights", dict(weights=None), InputError, r"backend 'weighted' needs the draft head: pass weights= or ea_layer="),
+        ("weights of another type", dict(weights={"fc.weight": 1}), InputError, r"weights must be a frontier\.DraftWeights, got dict"),
+        ("weights for another config", dict(cfg=LAYER_CFG.replace(intermediate_size=40)), WeightsError,
+         r"'midlayer\.mlp\.gate_proj\.weight' has shape \[48, 32\], expected \[40, 32\]"),
+        ("weights in another dtype", dict(features_concat="f64", weights="f64"), InputError,
+         r"backend 'weighted' supports dtypes float32; features_concat is float64"),
+        ("no input_ids", dict(input_ids=None), InputError, r"backend 'weighted' needs input_ids \[1, L\+1\]"),
+        ("context mismatch", dict(input_ids="longer"), CacheError,
+         r"the cache holds 0 rows, features_concat brings n=6, but input_ids has L=8 tokens before the root"),
+        ("token out of range", dict(input_ids="out_of_range"), InputError,
+         r"input_ids must lie in \[0, target_vocab_size=80\), got range \[0, 80\]"),
+        ("negative token", dict(input_ids="negative"), InputError, r"input_ids must lie in \[0, target_vocab_size=80\), got range \[-1,"),
+        ("both weights and ea_layer", dict(ea_layer=object()), InputError, r"pass either weights= or ea_layer=, not both"),
+        ("cache of another type", dict(cache="not a cache"), InputError, r"cache must be a frontier\.DraftCache"),
+    ],
+)
+def test_weighted_backend_bad_inputs(weighted, what, change, error, pattern):
+    b, w, ids, f = weighted
+    call = dict(cfg=LAYER_CFG, features_concat=f, backend="weighted", input_ids=ids, weights=w)
+    if change.get("features_concat") == "f64":
+        change = dict(features_concat=f.double(), weights=w.to(dtype=torch.float64))
+    elif change.get("input_ids") == "longer":
+        change = dict(input_ids=torch.cat([ids, ids[:, :2]], dim=1))
+    elif change.get("input_ids") == "out_of_range":
+        bad = ids.clone()
+        bad[0, 2] = 80
+        bad[0, 0] = 0
+        change = dict(input_ids=bad)
+    elif change.get("input_ids") == "negative":
+        bad = ids.clone()
+        bad[0, 1] = -1
+        change = dict(input_ids=bad)
+    call.update(change)
+    with pytest.raises(error) as info:
+        frontier_generate(**call)
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not found in {str(info.value)!r}"
+    assert b.calls == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Every runnable backend honours the output contract
+# ----------------------------------------------------------------------------------------------
+CONTRACT_CONFIGS = [
+    # total_token, depth, top_k, vocab_size, target_vocab_size, context
+    (2, 1, 1, 16, 16, 1),  # smallest tree, top_k=1, depth=1
+    (3, 1, 1, 16, 40, 4),  # top_k=1 at its largest T
+    (2, 4, 5, 30, 30, 3),  # total_token=2 with a wide frontier
+    (13, 1, 3, 33, 50, 7),  # depth=1 at its largest T (1 + 3 + 9)
+    (17, 3, 4, 61, 61, 5),  # odd sizes
+    (26, 5, 3, 47, 97, 9),
+    (1 + 3 + 2 * 9, 2, 3, 64, 64, 2),  # largest T for K=3, D=2
+]
+
+
+@pytest.mark.parametrize("t,depth,k,v,vt,context", CONTRACT_CONFIGS,
+                         ids=[f"T{c[0]}-D{c[1]}-K{c[2]}-V{c[3]}" for c in CONTRACT_CONFIGS])
+def test_backend_output_contract(backend_name, t, depth, k, v, vt, context):
+    backend = get_backend(backend_name)
+    device = "cuda" if "cpu" not in backend.devices else "cpu"
+    cfg = random_config(total_token=t, depth=depth, top_k=k, vocab_size=v, target_vocab_size=vt, hidden_size=16,
+                        num_attention_heads=2, num_key_value_heads=1, intermediate_size=24)
+    kwargs = {}
+    if backend.requires_weights:
+        kwargs["weights"] = random_weights(cfg, seed=t + k, device=device, lm_head_scale=5.0)
+    ids, f = random_inputs(cfg, context=context, seed=depth, device=device)
+    for sampling in (False, True):
+        for padded in (False, True):
+            fr = frontier_generate(cfg, f, backend=backend_name, input_ids=ids, sampling=sampling, padded=padded,
+                                   **kwargs)
+            fr.check_invariants(total_token=t, depth=depth, top_k=k, sampling=sampling)
+            assert fr.padded == padded
+            assert int(fr.draft_tokens[0, 0]) == int(ids[0, -1])  # the root is the last input token
+            assert bool((fr.draft_tokens >= 0).all()) and bool((fr.draft_tokens < vt).all())
+            for x in (fr.draft_tokens, fr.retrieve_indices, fr.tree_mask, fr.tree_position_ids):
+                assert x.device == f.device
+            if padded:
+                assert fr.retrieve_indices.shape == (t, depth + 2)
+
+
+def test_backend_continues_from_its_cache(backend_name):
+    """A second call passes the first call's cache and only the new rows' features."""
+    backend = get_backend(backend_name)
+    device = "cuda" if "cpu" not in backend.devices else "cpu"
+    cfg = random_config(total_token=15, depth=3, top_k=3, vocab_size=50, target_vocab_size=70, hidden_size=16,
+                        num_attention_heads=2, num_key_value_heads=2, intermediate_size=24)
+    # float64 where the backend has it, so the one-shot/two-step comparison below is not at the
+    # mercy of float32 rounding between the two attention orders.
+    dtype = torch.float64 if torch.float64 in backend.dtypes else torch.float32
+    kwargs = {"weights": random_weights(cfg, seed=3, device=device, dtype=dtype)} if backend.requires_weights else {}
+    ids, f = random_inputs(cfg, context=8, seed=4, device=device, dtype=dtype)
+    first = frontier_generate(cfg, f[:, :5], backend=backend_name, input_ids=ids[:, :6], **kwargs)
+    first.check_invariants(total_token=15, depth=3, top_k=3)
+    second = frontier_generate(cfg, f[:, 5:], backend=backend_name, input_ids=ids, cache=first.cache, **kwargs)
+    second.check_invariants(total_token=15, depth=3, top_k=3)
+    assert int(second.draft_tokens[0, 0]) == int(ids[0, -1])
+    if backend.requires_weights:
+        # Same tree as drafting the whole context in one go.
+        whole = frontier_generate(cfg, f, backend=backend_name, input_ids=ids, **kwargs)
+        assert whole.same_tree(second)
