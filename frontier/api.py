@@ -214,11 +214,11 @@ def validate_request(
         if input_ids is None:
             raise InputError(f"backend {backend_name!r} needs input_ids [1, L+1] (the sequence so far, root last)")
         n, big_l = features.shape[1], input_ids.shape[1] - 1
-        cached = 0 if cache is None else cache.length
         if cache is not None:
             if not isinstance(cache, DraftCache):
                 raise InputError(f"cache must be a frontier.DraftCache (Frontier.cache), got {type(cache).__name__}")
             cache.check_compatible(cfg, weights.dtype, weights.device)
+        cached = 0 if cache is None else cache.length
         if cached + n != big_l:
             raise CacheError(
                 f"cache length + new rows must equal the context length: the cache holds {cached} rows, "
