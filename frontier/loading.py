@@ -454,11 +454,12 @@ def _dims_from_config(cfg: Mapping[str, Any], arch: str, where: str, problems: l
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
         problems.append(f"{where}: 'rms_norm_eps' must be a positive number, got {eps!r}")
         eps = 1e-6
+    if len(problems) > before or None in (h, heads, inter, vt, v):
+        return None
+    # An unsupported rope scaling is a problem of the load, not of the shapes: the head can still be described.
     theta, scaling, rope_problem = _rope_from_config(cfg, where)
     if rope_problem:
         problems.append(rope_problem)
-    if len(problems) > before or None in (h, heads, inter, vt, v):
-        return None
     if head_dim is None:
         if h % heads:
             problems.append(f"{where}: num_attention_heads={heads} must divide hidden_size={h}")
@@ -709,7 +710,7 @@ def _check_vocab_mapping(plan: _Plan, dims: HeadDims, info: dict[str, TensorInfo
         )
         return
     where = f"head file {str(d2t_info.file)!r}: tensor 'd2t'"
-    d2t = files.load("d2t").to(torch.int64)
+    d2t = files.load("d2t").to(torch.int64).clone()
     ar = torch.arange(v, dtype=torch.int64)
     targets = ar + d2t
     in_range_abs = bool(((d2t >= 0) & (d2t < vt)).all()) and int(torch.unique(d2t).numel()) == v
@@ -897,10 +898,8 @@ def _plan_externals(
     emb = resolve("embed", embed_tokens, want_emb, exp_emb)
     if emb is None and "embed_tokens.weight" in info:
         plan.embedding_source = f"head {str(info['embed_tokens.weight'].file)!r}"
-        if embed_tokens is None and target is not None:
-            plan.notes.append(
-                f"head {str(plan.path)!r} ships embed_tokens.weight; it is used instead of the target's (as the public loader does)"
-            )
+        if target is not None:  # as in the public loader, the head's own tensor wins over the target's
+            plan.embedding_source += " (the head's own; the target's is not used)"
     elif emb is not None:
         plan.embedding, plan.embedding_source = emb, emb.source
     elif need:
@@ -1034,11 +1033,17 @@ def load_draft_head(
     assert dims is not None and files is not None
     out_dtype = dtype or plan.stored_dtype or torch.float32
 
+    def own(t: torch.Tensor) -> torch.Tensor:
+        # Always a fresh, aligned allocation: never a view of an mmap'd file or of a caller's tensor
+        # (an unaligned view can also send BLAS down a differently-rounding path).
+        out = t.to(device=device, dtype=out_dtype)
+        return out.clone() if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else out.contiguous()
+
     def get(key: str) -> torch.Tensor:
-        return files.load(key).to(device=device, dtype=out_dtype)
+        return own(files.load(key))
 
     def ext(e: _External) -> torch.Tensor:
-        return e.fetch().to(device=device, dtype=out_dtype)
+        return own(e.fetch())
 
     state: dict[str, torch.Tensor] = {}
     for key in dims.expected_shapes():
