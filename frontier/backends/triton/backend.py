@@ -1,0 +1,135 @@
+"""The triton backend: the whole draft call on the GPU in one persistent fused Triton kernel."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from ...cache import DEFAULT_MAX_LENGTH, DraftCache
+from ...errors import InputError
+from ...registry import Backend
+from ...result import Frontier
+from ...tree import pack_tree
+
+
+def _triton_importable() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the install
+        return False, f"triton is not importable ({type(exc).__name__}: {exc}); pip install triton"
+    return True, ""
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    requires_weights = True
+    description = "fused persistent Triton drafter (GPU; CPU under TRITON_INTERPRET=1)"
+
+    def __init__(self) -> None:
+        self._drafters: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    # Attributes read by frontier_generate's validation --------------------------------------
+    @property
+    def devices(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:  # type: ignore[override]
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return (torch.float32, torch.float16)
+        return (torch.float32, torch.float16, torch.bfloat16)
+
+    def availability(self) -> tuple[bool, str]:
+        ok, why = _triton_importable()
+        if not ok:
+            return ok, why
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return True, ""
+        if not torch.cuda.is_available():
+            return False, "no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU interpreter)"
+        return True, ""
+
+    # ------------------------------------------------------------------------------------------
+    def drafter(self, cfg, dtype: torch.dtype, device: torch.device):
+        from .launch import Drafter
+
+        key = (cfg, dtype, str(device))
+        with self._lock:
+            d = self._drafters.get(key)
+            if d is None:
+                d = Drafter(cfg, dtype, device)
+                self._drafters[key] = d
+        return d
+
+    def generate(self, request) -> Frontier:
+        from .launch import interpreting
+
+        cfg, w = request.cfg, request.weights
+        if cfg.num_layers != 1:
+            raise InputError(
+                f"backend 'triton' runs single-layer draft heads (every EAGLE-3 head, the usual EAGLE-2 head); "
+                f"got num_layers={cfg.num_layers}: use backend='torch_ref'"
+            )
+        if request.device.type == "cpu" and not interpreting():
+            raise InputError("backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
+        mode = request.options.get("mode")
+        if mode is None:
+            mode = "steps" if (interpreting() or request.device.type != "cuda") else "persistent"
+        if mode not in ("persistent", "steps"):
+            raise InputError(f"option mode must be 'persistent' or 'steps', got {mode!r}")
+        if mode == "persistent" and interpreting():
+            raise InputError("option mode='persistent' cannot run under TRITON_INTERPRET=1 (its grid barrier would spin)")
+
+        ids = request.input_ids[0, 1:]  # [L] token paired with each hidden state
+        big_l = ids.shape[0]
+        cache = request.cache
+        if cache is None:
+            max_len = request.cache_max_length or max(DEFAULT_MAX_LENGTH, 2 * big_l)
+            cache = DraftCache.for_config(cfg, max_length=max_len, dtype=w.dtype, device=w.device)
+            cache.check_room(big_l)
+        c = cache.length
+        n = request.num_new
+
+        d = self.drafter(cfg, w.dtype, request.device)
+        with d_lock(d):
+            d.alloc_outputs()
+            features = request.features[0].contiguous()  # [n, F]
+            ids_new = ids[c:].contiguous()  # [n]
+            root = request.input_ids[0, -1:].contiguous()  # [1]
+            d.run(w, features, ids_new, root, cache, c, n, mode)
+            if mode == "persistent":
+                d.check_error()
+            out_tok, out_par, out_score = d.out_tok, d.out_par, d.out_score
+
+        packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+        cache.commit(c + n)  # the kernel wrote rows [c, c+n); only now do they count
+        return Frontier(
+            draft_tokens=out_tok[None],
+            retrieve_indices=packed.retrieve_indices,
+            tree_mask=packed.tree_mask,
+            tree_position_ids=packed.tree_position_ids,
+            cache=cache,
+            scores=out_score,
+            parents=torch.cat([out_par.new_zeros(1), out_par]),
+            leaf_count=packed.leaf_count,
+            padded=request.padded,
+        )
+
+
+class d_lock:
+    """Serialise calls that share one drafter's workspace."""
+
+    _locks: dict[int, threading.Lock] = {}
+
+    def __init__(self, drafter) -> None:
+        self.lock = self._locks.setdefault(id(drafter), threading.Lock())
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()

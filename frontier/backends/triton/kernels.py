@@ -1,0 +1,655 @@
+"""Triton device code of the fused drafter: phase functions and the one kernel that runs them.
+
+One draft call is a *schedule* of phases (see ``launch.py``): the context step (fc, norms,
+QKV, RoPE + cache write, attention, o_proj, MLP, final norm, lm_head with streaming top-K,
+merge, root selection), then per depth the same layer phases on the K frontier rows followed
+by the K*K -> K prune, and at the end the top-(T-1) selection. Every phase is a ``@triton.jit``
+function of ``(pid, nprog)`` that spreads its work over whatever grid it gets.
+
+:func:`drafter_kernel` walks a schedule. With ``PERSISTENT=True`` (GPU) one launch walks the
+whole schedule on a co-resident grid, separating phases with a bounded grid barrier; with
+``PERSISTENT=False`` each launch runs one schedule entry (the interpreter path: programs run one
+after another there, so a spinning barrier would hang). Both paths execute the same code.
+
+Numerics: dot products accumulate in fp32 (IEEE-precision for fp32 inputs). Wherever the
+reference rounds an intermediate to the compute dtype (a matmul output, an elementwise op in
+bf16/fp16), the kernel rounds at the same point (``.to(DT).to(tl.float32)``; a no-op in fp32).
+Rankings (top-K of logits, of cumulative scores, the final top-(T-1)) use 64-bit keys
+``(order-preserving float bits << 32) | (0x7FFFFFFF - index)``: descending key order is
+descending value with ties to the lower index, and one integer max or sort ranks both.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Phase codes of a schedule entry (entry = phase * 256 + depth; depth CTX_DEPTH = context step).
+PH_FC = 0
+PH_PREP3 = 1
+PH_PREP2 = 2
+PH_QKV = 4
+PH_ROPE = 5
+PH_ATTN = 6
+PH_OPROJ = 7
+PH_NORM_POST = 8
+PH_GATEUP = 9
+PH_DOWN = 10
+PH_NORM_F = 11
+PH_LMHEAD = 12
+PH_MERGE = 13
+PH_SELECT = 14
+PH_FINAL = 15
+CTX_DEPTH = 255
+
+KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _key(v, idx):
+    """64-bit ranking key of fp32 values ``v`` with indices ``idx`` (ties -> lower index)."""
+    b = v.to(tl.int32, bitcast=True)
+    b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return (b.to(tl.int64) << 32) | (0x7FFFFFFF - idx.to(tl.int64))
+
+
+@triton.jit
+def _key_val(k):
+    b = (k >> 32).to(tl.int32)
+    b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_idx(k):
+    return 0x7FFFFFFF - (k & 0x7FFFFFFF)
+
+
+@triton.jit
+def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
+    """RMSNorm of one row as the reference computes it: fp32, cast, then the weight multiply."""
+    rh = tl.arange(0, BLOCK_H)
+    hm = rh < H
+    x = tl.load(x_ptr + rh, mask=hm, other=0.0).to(tl.float32)
+    var = tl.math.div_rn(tl.sum(x * x, axis=0), H.to(tl.float32))
+    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
+    y = (x * rstd).to(DT).to(tl.float32)
+    w = tl.load(w_ptr + rh, mask=hm, other=0.0).to(tl.float32)
+    return (w * y).to(DT)
+
+
+@triton.jit
+def _mm_tile(x_ptr, x_stride, row0, M, w_ptr, n0, N, Kd,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """acc[BN, BM] = W[n0:n0+BN, :Kd] @ X[row0:row0+BM, :Kd]^T (fp32 accumulation).
+
+    Weights are the wide operand (rows of W), the few activation rows the narrow one, so each
+    weight byte is read once for all rows of the tile.
+    """
+    rn = n0 + tl.arange(0, BN)
+    rm = row0 + tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    nmask = rn[:, None] < N
+    mmask = rm[None, :] < M
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for k0 in range(0, Kd, BK):
+        kk = k0 + rk
+        w = tl.load(w_ptr + rn[:, None] * Kd + kk[None, :], mask=nmask & (kk[None, :] < Kd), other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=mmask & (kk[:, None] < Kd), other=0.0)
+        if IEEE:
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------
+# phases
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
+               MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """Y = X W^T, then MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias."""
+    DT = y_ptr.dtype.element_ty
+    n_tiles = tl.cdiv(N, BN)
+    m_tiles = tl.cdiv(M, BM)
+    for t in range(pid, n_tiles * m_tiles, nprog):
+        mt = t // n_tiles
+        nt = t - mt * n_tiles
+        acc = _mm_tile(x_ptr, x_stride, mt * BM, M, w_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
+        rn = nt * BN + tl.arange(0, BN)
+        rm = mt * BM + tl.arange(0, BM)
+        msk = (rn[:, None] < N) & (rm[None, :] < M)
+        if MODE == 1:
+            r = tl.load(res_ptr + rm[None, :] * res_stride + rn[:, None], mask=msk, other=0.0).to(tl.float32)
+            out = (acc.to(DT).to(tl.float32) + r).to(DT)
+        elif MODE == 2:
+            b = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+            out = (acc + b[:, None]).to(DT)
+        else:
+            out = acc.to(DT)
+        tl.store(y_ptr + rm[None, :] * y_stride + rn[:, None], out, mask=msk)
+
+
+@triton.jit
+def _ph_qkv(pid, nprog, x_ptr, x_stride, M, wq_ptr, wk_ptr, wv_ptr, NQ, NKV, Kd, y_ptr,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """qkv[m] = [x Wq^T | x Wk^T | x Wv^T]: the three projections share one tile space."""
+    DT = y_ptr.dtype.element_ty
+    tq = tl.cdiv(NQ, BN)
+    tkv = tl.cdiv(NKV, BN)
+    per_m = tq + 2 * tkv
+    m_tiles = tl.cdiv(M, BM)
+    y_stride = NQ + 2 * NKV
+    for t in range(pid, per_m * m_tiles, nprog):
+        mt = t // per_m
+        j = t - mt * per_m
+        if j < tq:
+            w_ptr = wq_ptr
+            n0 = j * BN
+            n_rows = NQ
+            col0 = 0
+        elif j < tq + tkv:
+            w_ptr = wk_ptr
+            n0 = (j - tq) * BN
+            n_rows = NKV
+            col0 = NQ
+        else:
+            w_ptr = wv_ptr
+            n0 = (j - tq - tkv) * BN
+            n_rows = NKV
+            col0 = NQ + NKV
+        acc = _mm_tile(x_ptr, x_stride, mt * BM, M, w_ptr, n0, n_rows, Kd, BM, BN, BK, IEEE)
+        rn = n0 + tl.arange(0, BN)
+        rm = mt * BM + tl.arange(0, BM)
+        msk = (rn[:, None] < n_rows) & (rm[None, :] < M)
+        tl.store(y_ptr + rm[None, :] * y_stride + col0 + rn[:, None], acc.to(DT), mask=msk)
+
+
+@triton.jit
+def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference."""
+    DT = y_ptr.dtype.element_ty
+    n_tiles = tl.cdiv(N, BN)
+    m_tiles = tl.cdiv(M, BM)
+    for t in range(pid, n_tiles * m_tiles, nprog):
+        mt = t // n_tiles
+        nt = t - mt * n_tiles
+        g = _mm_tile(x_ptr, Kd, mt * BM, M, wg_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
+        u = _mm_tile(x_ptr, Kd, mt * BM, M, wu_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
+        g = g.to(DT).to(tl.float32)
+        u = u.to(DT).to(tl.float32)
+        s = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+        rn = nt * BN + tl.arange(0, BN)
+        rm = mt * BM + tl.arange(0, BM)
+        msk = (rn[:, None] < N) & (rm[None, :] < M)
+        tl.store(y_ptr + rm[None, :] * N + rn[:, None], (s * u).to(DT), mask=msk)
+
+
+@triton.jit
+def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hcur_ptr, xin_ptr,
+             ln_in_ptr, ln_hid_ptr, H, Vt, eps,
+             GATHER: tl.constexpr, EAGLE3: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Per row: e = embed[t]; h = the row's hidden input (gathered from the parent's output row
+    when GATHER). eagle3: hcur = h, xin = [norm(e) | hidden_norm(h)]; eagle2: xin = [e | h]."""
+    DT = xin_ptr.dtype.element_ty
+    rh = tl.arange(0, BLOCK_H)
+    hm = rh < H
+    for m in range(pid, M, nprog):
+        tok = tl.load(tok_ptr + m)
+        tok = tl.minimum(tl.maximum(tok, 0), Vt - 1)
+        if GATHER:
+            src = tl.load(src_ptr + m)
+            h_row = hsrc_ptr + src * hsrc_stride
+        else:
+            h_row = hsrc_ptr + m * hsrc_stride
+        if EAGLE3:
+            if GATHER:
+                h = tl.load(h_row + rh, mask=hm, other=0.0)
+                tl.store(hcur_ptr + m * H + rh, h, mask=hm)
+                tl.debug_barrier()
+            xe = _rms_row(emb_ptr + tok * H, ln_in_ptr, H, eps, BLOCK_H, DT)
+            xh = _rms_row(h_row, ln_hid_ptr, H, eps, BLOCK_H, DT)
+            tl.store(xin_ptr + m * 2 * H + rh, xe, mask=hm)
+            tl.store(xin_ptr + m * 2 * H + H + rh, xh, mask=hm)
+        else:
+            e = tl.load(emb_ptr + tok * H + rh, mask=hm, other=0.0)
+            h = tl.load(h_row + rh, mask=hm, other=0.0)
+            tl.store(xin_ptr + m * 2 * H + rh, e.to(DT), mask=hm)
+            tl.store(xin_ptr + m * 2 * H + H + rh, h.to(DT), mask=hm)
+
+
+@triton.jit
+def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
+    DT = y_ptr.dtype.element_ty
+    rh = tl.arange(0, BLOCK_H)
+    for m in range(pid, M, nprog):
+        y = _rms_row(x_ptr + m * H, w_ptr, H, eps, BLOCK_H, DT)
+        tl.store(y_ptr + m * H + rh, y, mask=rh < H)
+
+
+@triton.jit
+def _ph_rope(pid, nprog, M, qkv_ptr, qr_ptr, q_row0, kd_ptr, vd_ptr, kv_head_stride, kv_row0,
+             pos0, pos_step, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D: tl.constexpr):
+    """Rotary on q (rows >= q_row0, into qr) and k; k (rotated) and v go to the K/V store
+    (the cache rows of the context step, or this depth's tree scratch rows)."""
+    DT = qr_ptr.dtype.element_ty
+    half = HD // 2
+    rd = tl.arange(0, BLOCK_D)
+    dm = rd < HD
+    rot = tl.where(rd < half, rd + half, rd - half)
+    sign = tl.where(rd < half, -1.0, 1.0)
+    width = (NH + 2 * NKV) * HD
+    heads = NH + NKV
+    for t in range(pid, M * heads, nprog):
+        m = t // heads
+        hh = t - m * heads
+        pos = pos0 + m * pos_step
+        c = tl.load(cos_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
+        base = qkv_ptr + m * width + hh * HD
+        x = tl.load(base + rd, mask=dm, other=0.0).to(tl.float32)
+        xr = tl.load(base + rot, mask=dm, other=0.0).to(tl.float32) * sign
+        y = ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
+        if hh < NH:
+            if m >= q_row0:
+                tl.store(qr_ptr + (m - q_row0) * NH * HD + hh * HD + rd, y, mask=dm)
+        else:
+            g = hh - NH
+            tl.store(kd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, y, mask=dm)
+            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0)
+            tl.store(vd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, v, mask=dm)
+
+
+@triton.jit
+def _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r, anc_stride,
+                 j0, nctx, total, sqrt_d, HD, DT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Scores [BLOCK_G, BLOCK_N] of keys j0.. of the virtual key sequence: context rows
+    0..nctx-1 of the cache, then the row's ancestor slots of the tree scratch."""
+    rj = j0 + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    dm = rd[:, None] < HD
+    in_ctx = rj < nctx
+    in_tree = (rj >= nctx) & (rj < total)
+    slot = tl.load(anc_ptr + r * anc_stride + (rj - nctx), mask=in_tree, other=0)
+    k = tl.load(ck_ptr + g * c_head_stride + rj[None, :] * HD + rd[:, None], mask=dm & in_ctx[None, :], other=0.0)
+    k += tl.load(tk_ptr + g * t_head_stride + slot[None, :] * HD + rd[:, None], mask=dm & in_tree[None, :], other=0.0)
+    if IEEE:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    s = tl.math.div_rn(s.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
+    s = tl.where((rj < total)[None, :], s, float("-inf"))
+    return s, rj, slot, in_ctx, in_tree
+
+
+@triton.jit
+def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
+             tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
+             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Single-query attention of R rows, one work item per (row, KV head) holding its G query
+    heads. Two passes: max and sum of exp in fp32, then probabilities rounded to the compute
+    dtype (as the reference casts softmax's output) times V. The tree mask is implicit."""
+    DT = ao_ptr.dtype.element_ty
+    G = NH // NKV
+    rg = tl.arange(0, BLOCK_G)
+    rd = tl.arange(0, BLOCK_D)
+    gm = rg < G
+    dm = rd < HD
+    total = nctx + n_anc
+    for t in range(pid, R * NKV, nprog):
+        r = t // NKV
+        g = t - r * NKV
+        q = tl.load(qr_ptr + r * NH * HD + (g * G + rg)[:, None] * HD + rd[None, :],
+                    mask=gm[:, None] & dm[None, :], other=0.0)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        for j0 in range(0, total, BLOCK_N):
+            s, rj, slot, in_ctx, in_tree = _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r,
+                                                        anc_stride, j0, nctx, total, sqrt_d, HD, DT,
+                                                        BLOCK_N, BLOCK_D, IEEE)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
+            m_i = m_new
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for j0 in range(0, total, BLOCK_N):
+            s, rj, slot, in_ctx, in_tree = _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r,
+                                                        anc_stride, j0, nctx, total, sqrt_d, HD, DT,
+                                                        BLOCK_N, BLOCK_D, IEEE)
+            p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
+            v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
+                        mask=in_ctx[:, None] & dm[None, :], other=0.0)
+            v += tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                         mask=in_tree[:, None] & dm[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(p, v, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p, v, acc)
+        tl.store(ao_ptr + r * NH * HD + (g * G + rg)[:, None] * HD + rd[None, :], acc.to(DT),
+                 mask=gm[:, None] & dm[None, :])
+
+
+@triton.jit
+def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr,
+               BM: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, SORT: tl.constexpr):
+    """lm_head with a streaming top-KP per row, plus the running max and sum of exp for the
+    log-softmax. Each program writes its partial (keys [BM, KP], max [BM], sum [BM]) to its
+    slot; the [rows, V] logits never reach memory. Vocabulary tiles are KP rows wide so that
+    the running list and a tile join into one [BM, 2KP] block that a bitonic sort ranks."""
+    DT = x_ptr.dtype.element_ty
+    rm = tl.arange(0, BM)
+    lst = tl.full([BM, KP], KEY_NONE, tl.int64)
+    rmax = tl.full([BM], float("-inf"), tl.float32)
+    rsum = tl.zeros([BM], tl.float32)
+    n_tiles = tl.cdiv(V, KP)
+    for t in range(pid, n_tiles, nprog):
+        acc = _mm_tile(x_ptr, Kd, 0, M, w_ptr, t * KP, V, Kd, BM, KP, BK, IEEE)  # [KP, BM]
+        logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, KP]
+        rn = t * KP + tl.arange(0, KP)
+        valid = (rn < V)[None, :] & (rm < M)[:, None]
+        logit = tl.where(valid, logit, float("-inf"))
+        nm = tl.maximum(rmax, tl.max(logit, axis=1))
+        nm_safe = tl.where(nm == float("-inf"), 0.0, nm)
+        rsum = rsum * tl.exp(rmax - nm_safe) + tl.sum(tl.exp(logit - nm_safe[:, None]), axis=1)
+        rmax = nm
+        key = tl.where(valid, _key(logit, rn[None, :]), KEY_NONE)
+        if SORT:
+            both = tl.reshape(tl.join(lst, key), (BM, 2 * KP))
+            both = tl.sort(both, dim=1, descending=True)
+            top, _rest = tl.split(tl.permute(tl.reshape(both, (BM, 2, KP)), (0, 2, 1)))
+            lst = top
+        else:  # KP rounds of "take the larger head" (same result; fast under the interpreter)
+            col = tl.arange(0, KP)[None, :]
+            top = tl.full([BM, KP], KEY_NONE, tl.int64)
+            for s in tl.static_range(KP):
+                best = tl.maximum(tl.max(lst, axis=1), tl.max(key, axis=1))[:, None]
+                top = tl.where(col == s, best, top)
+                lst = tl.where(lst == best, KEY_NONE, lst)
+                key = tl.where(key == best, KEY_NONE, key)
+            lst = top
+    rk = tl.arange(0, KP)
+    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + rk[None, :], lst)
+    tl.store(max_ptr + pid * BM + rm, rmax)
+    tl.store(sum_ptr + pid * BM + rm, rsum)
+
+
+@triton.jit
+def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K,
+              BM: tl.constexpr, KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr):
+    """Per row: log-sum-exp from the partials, log-probs of the partial top lists rounded to
+    the compute dtype, and the row's top-K by (log-prob, lower index)."""
+    rp = tl.arange(0, BLOCK_P)
+    pm = rp < P
+    rk = tl.arange(0, KP)
+    for r in range(pid, R, nprog):
+        pmax = tl.load(max_ptr + rp * BM + r, mask=pm, other=float("-inf"))
+        psum = tl.load(sum_ptr + rp * BM + r, mask=pm, other=0.0)
+        gmax = tl.max(pmax, axis=0)
+        scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
+        logs = tl.log(tl.sum(psum * scale, axis=0))
+        ks = tl.load(keys_ptr + rp[:, None] * BM * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE)
+        lp = ((_key_val(ks) - gmax) - logs).to(DT).to(tl.float32)
+        k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp, _key_idx(ks)))
+        for j in range(K):
+            best = tl.max(tl.max(k2, axis=1), axis=0)
+            tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
+            tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
+            k2 = tl.where(k2 == best, KEY_NONE, k2)
+
+
+@triton.jit
+def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr,
+               anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+               IS_CTX: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
+               DT: tl.constexpr):
+    """One program. Context step: the root's top-K become candidates 0..K-1 and the depth-0
+    frontier. Depth i: cumulative scores of the K*K children, their candidate entries, and the
+    top-K prune into the next frontier (tokens, scores, parent rows, ancestor slots)."""
+    rr = tl.arange(0, BLOCK_K)
+    ra = tl.arange(0, BLOCK_A)
+    rmask = rr < K
+    if IS_CTX:
+        lp = tl.load(sel_lp_ptr + rr, mask=rmask, other=0.0)
+        tokd = tl.load(sel_tok_ptr + rr, mask=rmask, other=0)
+        tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
+        tok = tokd
+        if HAS_D2T:
+            tok = tokd + tl.load(d2t_ptr + tokd, mask=rmask, other=0)
+        tl.store(cand_score_ptr + rr, lp, mask=rmask)
+        tl.store(cand_tok_ptr + rr, tok, mask=rmask)
+        tl.store(row_par_ptr + rr * 0, tl.zeros([BLOCK_K], tl.int64), mask=rr == 0)
+        tl.store(fr_score_ptr + rr, lp, mask=rmask)
+        tl.store(fr_tok_ptr + rr, tok, mask=rmask)
+        tl.store(fr_src_ptr + rr, tl.zeros([BLOCK_K], tl.int32), mask=rmask)
+        tl.store(fr_pick_ptr + rr, rr.to(tl.int64), mask=rmask)
+        tl.store(anc_ptr + rr * BLOCK_A, rr, mask=rmask)
+    else:
+        jj = tl.arange(0, BLOCK_K)
+        valid = rmask[:, None] & (jj < K)[None, :]
+        lp = tl.load(sel_lp_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0.0)
+        tokd = tl.load(sel_tok_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0)
+        tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
+        tok = tokd
+        if HAS_D2T:
+            tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
+        score = tl.load(fr_score_ptr + rr, mask=rmask, other=0.0)
+        pick_old = tl.load(fr_pick_ptr + rr, mask=rmask, other=0)
+        cs = (score[:, None] + lp).to(DT).to(tl.float32)
+        flat = rr[:, None] * K + jj[None, :]
+        base = K + i * K * K
+        tl.store(cand_score_ptr + base + flat, cs, mask=valid)
+        tl.store(cand_tok_ptr + base + flat, tok, mask=valid)
+        offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
+        tl.store(row_par_ptr + 1 + i * K + rr, pick_old + offset, mask=rmask)
+        keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+        npick = tl.zeros([BLOCK_K], tl.int32)
+        nscore = tl.zeros([BLOCK_K], tl.float32)
+        ntok = tl.zeros([BLOCK_K], tl.int64)
+        for j in range(K):
+            best = tl.max(tl.max(keys, axis=1), axis=0)
+            f = _key_idx(best).to(tl.int32)
+            hit = keys == best
+            npick = tl.where(rr == j, f, npick)
+            nscore = tl.where(rr == j, _key_val(best), nscore)
+            ntok = tl.where(rr == j, tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0), ntok)
+            keys = tl.where(hit, KEY_NONE, keys)
+        prow = npick // K
+        prow = tl.minimum(tl.maximum(prow, 0), K - 1)
+        old = tl.load(anc_ptr + prow[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :], other=0)
+        tl.debug_barrier()
+        new = tl.where((ra == i + 1)[None, :], ((i + 1) * K + rr)[:, None], old)
+        tl.store(anc_ptr + rr[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
+        tl.store(fr_score_ptr + rr, nscore, mask=rmask)
+        tl.store(fr_tok_ptr + rr, ntok, mask=rmask)
+        tl.store(fr_src_ptr + rr, prow, mask=rmask)
+        tl.store(fr_pick_ptr + rr, npick.to(tl.int64), mask=rmask)
+
+
+@triton.jit
+def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
+              out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C: tl.constexpr, SORT: tl.constexpr):
+    """One program: top-(T-1) of the C candidates (ties to the lower index), in ascending
+    candidate order; tokens, scores and parent positions (searchsorted semantics)."""
+    rc = tl.arange(0, BLOCK_C)
+    cm = rc < C
+    cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0)
+    keys = tl.where(cm, _key(cs, rc), KEY_NONE)
+    if SORT:
+        srt = tl.sort(keys, dim=0, descending=True)
+        thr = tl.max(tl.where(rc == T - 2, srt, KEY_NONE), axis=0)
+    else:
+        rest = keys
+        thr = tl.max(rest, axis=0)
+        for _j in range(T - 1):
+            thr = tl.max(rest, axis=0)
+            rest = tl.where(rest == thr, KEY_NONE, rest)
+    chosen = (keys >= thr) & cm
+    ch = chosen.to(tl.int32)
+    incl = tl.cumsum(ch, axis=0)
+    tl.store(cnt_ptr + rc, incl - ch)  # number of chosen candidates below each index
+    tl.debug_barrier()
+    pos = incl  # 1-based position in draft_tokens of a chosen candidate
+    tok = tl.load(cand_tok_ptr + rc, mask=chosen, other=0)
+    stored = tl.load(row_par_ptr + rc // K, mask=chosen, other=0)
+    ppos = tl.load(cnt_ptr + tl.maximum(stored - 1, 0), mask=chosen & (stored > 0), other=0) + 1
+    ppos = tl.where(stored == 0, 0, ppos)
+    tl.store(out_tok_ptr + pos, tok, mask=chosen)
+    tl.store(out_score_ptr + pos, cs, mask=chosen)
+    tl.store(out_par_ptr + pos - 1, ppos.to(tl.int64), mask=chosen)
+    root = tl.load(root_ptr)
+    tl.store(out_tok_ptr, root)
+    tl.store(out_score_ptr, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# grid barrier
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
+    """Bounded device-wide barrier. sync_ptr[0] counts arrivals, sync_ptr[1] is the error flag.
+    A program that waits MAX_SPIN polls without seeing every arrival sets the flag and goes on;
+    every later barrier sees the flag and returns at once, and the launcher raises."""
+    tl.debug_barrier()
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+    spins = 0
+    while (cur < target) & (err == 0) & (spins < MAX_SPIN):
+        cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+        err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+        spins += 1
+    if (cur < target) & (err == 0):
+        tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+
+
+# ----------------------------------------------------------------------------------------------
+# the kernel
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def drafter_kernel(
+    # schedule
+    sched_ptr, n_steps, sync_ptr,
+    # weights
+    emb_ptr, fcw_ptr, fcb_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr,
+    ln_in_ptr, ln_post_ptr, ln_hid_ptr, ln_f_ptr, lm_ptr, d2t_ptr, cos_ptr, sin_ptr,
+    # inputs and cache
+    feat_ptr, ids_ptr, root_ptr, ck_ptr, cv_ptr,
+    # workspace
+    hcur_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
+    tk_ptr, tv_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
+    fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
+    cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
+    # sizes
+    n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, max_len, SK, eps, sqrt_d,
+    # compile-time
+    EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, SORT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_NA: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    DT = hcur_ptr.dtype.element_ty
+    L = c_len + n_new
+    NQ = NH * HD
+    NKVD = NKV * HD
+    for step in range(n_steps):
+        code = tl.load(sched_ptr + step)
+        ph = code // 256
+        i = code % 256
+        is_ctx = i == 255
+        # rows of this step: the n new rows (context step, up to attention), else 1 or K
+        m_in = tl.where(is_ctx, n_new, K)
+        m_out = tl.where(is_ctx, 1, K)
+        if ph == 0:  # PH_FC
+            if EAGLE3:
+                _ph_linear(pid, nprog, feat_ptr, F, n_new, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                           0, BM, BN, BK, IEEE)
+            else:
+                if HAS_FCB:
+                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                               2, BM, BN, BK, IEEE)
+                else:
+                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                               0, BM, BN, BK, IEEE)
+        elif ph == 1:  # PH_PREP3 (eagle3)
+            if is_ctx:
+                _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, True, BLOCK_H)
+            else:
+                _ph_prep(pid, nprog, K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, True, BLOCK_H)
+        elif ph == 2:  # PH_PREP2 (eagle2)
+            if is_ctx:
+                _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, feat_ptr, F, fr_src_ptr, hcur_ptr, xin_ptr,
+                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, False, BLOCK_H)
+            else:
+                _ph_prep(pid, nprog, K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, False, BLOCK_H)
+        elif ph == 4:  # PH_QKV
+            if EAGLE3:
+                _ph_qkv(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, 2 * H, qkv_ptr,
+                        BM, BN, BK, IEEE)
+            else:
+                _ph_qkv(pid, nprog, hcur_ptr, H, m_in, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, H, qkv_ptr,
+                        BM, BN, BK, IEEE)
+        elif ph == 5:  # PH_ROPE
+            if is_ctx:
+                _ph_rope(pid, nprog, n_new, qkv_ptr, qr_ptr, n_new - 1, ck_ptr, cv_ptr, max_len * HD, c_len,
+                         c_len, 1, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
+            else:
+                _ph_rope(pid, nprog, K, qkv_ptr, qr_ptr, 0, tk_ptr, tv_ptr, SK * HD, i * K,
+                         L + i, 0, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
+        elif ph == 6:  # PH_ATTN
+            if is_ctx:
+                _ph_attn(pid, nprog, 1, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
+                         tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, 0, NH, NKV, HD, sqrt_d,
+                         BLOCK_G, BLOCK_NA, BLOCK_D, IEEE)
+            else:
+                _ph_attn(pid, nprog, K, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
+                         tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, i + 1, NH, NKV, HD, sqrt_d,
+                         BLOCK_G, BLOCK_NA, BLOCK_D, IEEE)
+        elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn)
+            res_row = tl.where(is_ctx, n_new - 1, 0)
+            _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr + res_row * H, H, fcb_ptr,
+                       1, BM, BN, BK, IEEE)
+        elif ph == 8:  # PH_NORM_POST
+            _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
+        elif ph == 9:  # PH_GATEUP
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, BM, BN, BK, IEEE)
+        elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
+            _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
+                       1, BM, BN, BK, IEEE)
+        elif ph == 11:  # PH_NORM_F
+            _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
+        elif ph == 12:  # PH_LMHEAD
+            if EAGLE3:
+                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, BM, KP, BK, IEEE, SORT)
+            else:
+                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, BM, KP, BK, IEEE, SORT)
+        elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
+            _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
+                      BM, KP, BLOCK_P, DT)
+        elif ph == 14:  # PH_SELECT
+            if pid == 0:
+                if is_ctx:
+                    _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr,
+                               fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                               True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+                else:
+                    _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr,
+                               fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                               False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+        elif ph == 15:  # PH_FINAL
+            if pid == 0:
+                _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
+                          out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C, SORT)
+        if PERSISTENT:
+            _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)

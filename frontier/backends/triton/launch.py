@@ -1,0 +1,238 @@
+"""Typed launchers of the fused drafter: workspace, schedule, grid, and the launch itself.
+
+The schedule is the list of phases one draft call runs (``kernels.drafter_kernel`` walks it):
+
+    context step:  [PREP2, FC] (eagle2) | [FC, PREP3] (eagle3), QKV, ROPE, ATTN, OPROJ,
+                   NORM_POST, GATEUP, DOWN, [NORM_F], LMHEAD, MERGE, SELECT
+    each depth i:  [PREP2, FC] | [PREP3], QKV, ROPE, ATTN, OPROJ, NORM_POST, GATEUP, DOWN,
+                   [NORM_F], LMHEAD, MERGE, SELECT
+    end:           FINAL
+
+``mode="persistent"`` (GPU) runs the whole schedule in one cooperative launch with a bounded
+grid barrier between entries; ``mode="steps"`` launches one entry at a time on the same grid
+(the interpreter path, and a debugging aid on GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ...errors import KernelError
+from . import kernels as K_
+
+_GRID_CACHE: dict[int, int] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _pow2(n: int, lo: int = 1) -> int:
+    return max(lo, 1 << max(0, (int(n) - 1).bit_length()))
+
+
+def num_sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _GRID_CACHE:
+        _GRID_CACHE[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _GRID_CACHE[idx]
+
+
+def build_schedule(architecture: str, depth: int) -> list[int]:
+    """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step)."""
+    if architecture == "eagle3":
+        ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
+        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_OPROJ, K_.PH_NORM_POST, K_.PH_GATEUP, K_.PH_DOWN,
+                K_.PH_NORM_F, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
+    else:
+        ctx_head = tree_head = [K_.PH_PREP2, K_.PH_FC]
+        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_OPROJ, K_.PH_NORM_POST, K_.PH_GATEUP, K_.PH_DOWN,
+                K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
+    sched = [p * 256 + K_.CTX_DEPTH for p in ctx_head + tail]
+    for i in range(depth):
+        sched += [p * 256 + i for p in tree_head + tail]
+    sched.append(K_.PH_FINAL * 256)
+    return sched
+
+
+@dataclass
+class Tuning:
+    """Block sizes and launch shape (compile-time constants of the kernel)."""
+
+    BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
+    BN: int = 16  # weight rows per tile
+    BK: int = 256  # reduction chunk
+    num_warps: int = 4
+    num_stages: int = 3
+    grid: Optional[int] = None  # None: one program per SM (GPU) / 3 (interpreter)
+
+
+class Workspace:
+    """Scratch buffers of one draft call, reused across calls of the same shape."""
+
+    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, rows: int, grid: int, bm: int, kp: int):
+        h, k, d = cfg.hidden_size, cfg.top_k, cfg.head_dim
+        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        depth = cfg.depth
+        self.rows, self.grid = rows, grid
+        self.block_a = _pow2(depth + 1)
+        self.sk = max(1, depth * k)
+        self.C = k + depth * k * k
+        self.block_c = _pow2(self.C, 16)
+        mx, kx = max(rows, k), max(k, 1)
+
+        def e(*shape, dt=dtype):
+            return torch.empty(*shape, dtype=dt, device=device)
+
+        self.hcur = e(mx, h)
+        self.xin = e(mx, 2 * h)
+        self.qkv = e(mx, (nh + 2 * nkv) * d)
+        self.qr = e(kx, nh * d)
+        self.ao = e(kx, nh * d)
+        self.h1 = e(kx, h)
+        self.n2 = e(kx, h)
+        self.act = e(kx, cfg.intermediate_size)
+        self.hout = e(kx, h)
+        self.nf = e(kx, h)
+        self.tk = e(nkv, self.sk, d)
+        self.tv = e(nkv, self.sk, d)
+        self.lmk = e(grid, bm, kp, dt=torch.int64)
+        self.lmmax = e(grid, bm, dt=torch.float32)
+        self.lmsum = e(grid, bm, dt=torch.float32)
+        self.sel_lp = e(kx, kp, dt=torch.float32)
+        self.sel_tok = e(kx, kp, dt=torch.int64)
+        self.fr_score = e(kx, dt=torch.float32)
+        self.fr_tok = e(kx, dt=torch.int64)
+        self.fr_src = e(kx, dt=torch.int32)
+        self.fr_pick = e(kx, dt=torch.int64)
+        self.anc = torch.zeros(kx, self.block_a, dtype=torch.int32, device=device)
+        self.cand_score = e(self.C, dt=torch.float32)
+        self.cand_tok = e(self.C, dt=torch.int64)
+        self.row_par = e(1 + depth * k, dt=torch.int64)
+        self.cnt = e(self.block_c, dt=torch.int32)
+        self.sync = torch.zeros(2, dtype=torch.int32, device=device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
+
+
+class Drafter:
+    """Launch state for one (config, dtype, device): workspace, rotary tables, schedule."""
+
+    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None):
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        self.tuning = tuning or Tuning()
+        if self.tuning.grid is not None:
+            self.grid = self.tuning.grid
+        elif device.type == "cuda" and not interpreting():
+            self.grid = num_sms(device)
+        else:
+            self.grid = 2
+        self.kp = _pow2(cfg.top_k, 16)
+        self.bm = max(self.tuning.BM, _pow2(cfg.top_k, 16))
+        self.ws: Optional[Workspace] = None
+        self.cos: Optional[torch.Tensor] = None
+        self.sin: Optional[torch.Tensor] = None
+        sched = build_schedule(cfg.architecture, cfg.depth)
+        self.schedule = torch.tensor(sched, dtype=torch.int32, device=device)
+        self.n_steps = len(sched)
+
+    # ------------------------------------------------------------------------------------------
+    def workspace(self, rows: int) -> Workspace:
+        if self.ws is None or self.ws.rows < rows:
+            cap = _pow2(max(rows, 16))
+            self.ws = Workspace(self.cfg, self.dtype, self.device, cap, self.grid, self.bm, self.kp)
+        return self.ws
+
+    def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [P, d] in the compute dtype, computed exactly as torch_ref computes them."""
+        if self.cos is None or self.cos.shape[0] < positions:
+            from ..torch_ref.layer import rope_cos_sin
+
+            cap = _pow2(max(positions, 256))
+            pos = torch.arange(cap, device=self.device)
+            cos, sin = rope_cos_sin(self.cfg, pos, self.dtype)
+            self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        return self.cos, self.sin
+
+    # ------------------------------------------------------------------------------------------
+    def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
+            n_new: int, mode: str) -> Workspace:
+        """Run the whole schedule. ``ids_new`` [n] int64 token ids of the new rows; the new rows'
+        K/V are written into cache rows [c_len, c_len + n) (not committed here)."""
+        cfg, tn = self.cfg, self.tuning
+        ws = self.workspace(n_new)
+        big_l = c_len + n_new
+        cos, sin = self.rope_tables(big_l + cfg.depth + 1)
+        lw = weights.layers[0]
+        eagle3 = cfg.architecture == "eagle3"
+        dummy = ws.sync  # stands in for absent optional tensors (never read)
+        has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
+        ieee = self.dtype == torch.float32
+        args = [
+            self.schedule, 0, ws.sync,
+            weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
+            lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, lw.down_proj,
+            lw.input_layernorm if lw.input_layernorm is not None else lw.post_attention_layernorm,
+            lw.post_attention_layernorm,
+            weights.hidden_norm if weights.hidden_norm is not None else lw.post_attention_layernorm,
+            weights.norm if weights.norm is not None else lw.post_attention_layernorm,
+            weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
+            features, ids_new, root, cache.k[0], cache.v[0],
+            ws.hcur, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
+            ws.tk, ws.tv, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
+            ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
+            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, self.out_tok, self.out_par, self.out_score,
+            n_new, c_len, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
+            cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
+            ws.C, cfg.total_token, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
+        ]
+        groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        const = dict(
+            EAGLE3=eagle3, HAS_D2T=has_d2t, SORT=not interpreting(), HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
+            BM=self.bm, BN=tn.BN, BK=min(tn.BK, _pow2(cfg.hidden_size, 16)), KP=self.kp,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=_pow2(cfg.head_dim, 16), BLOCK_G=_pow2(groups, 16),
+            BLOCK_NA=64 if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
+            BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
+            num_warps=tn.num_warps, num_stages=tn.num_stages,
+        )
+        grid = (self.grid,)
+        if mode == "persistent":
+            ws.sync.zero_()
+            args[1] = self.n_steps
+            K_.drafter_kernel[grid](*args, PERSISTENT=True, MAX_SPIN=self.max_spin(), launch_cooperative_grid=True,
+                                    **const)
+        elif mode == "steps":
+            for s in range(self.n_steps):
+                args[0] = self.schedule[s:]
+                args[1] = 1
+                K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, **const)
+        else:
+            raise ValueError(f"mode must be 'persistent' or 'steps', got {mode!r}")
+        return ws
+
+    @staticmethod
+    def max_spin() -> int:
+        return int(os.environ.get("FRONTIER_TRITON_MAX_SPIN", "2000000"))
+
+    def alloc_outputs(self) -> None:
+        t = self.cfg.total_token
+        self.out_tok = torch.empty(t, dtype=torch.int64, device=self.device)
+        self.out_par = torch.empty(t - 1, dtype=torch.int64, device=self.device)
+        self.out_score = torch.empty(t, dtype=torch.float32, device=self.device)
+
+    def check_error(self) -> None:
+        """Raise KernelError when a grid barrier timed out (one host read)."""
+        if self.ws is not None and int(self.ws.sync[1].item()) != 0:
+            raise KernelError(
+                "triton drafter: a grid barrier timed out (programs not co-resident, or a kernel bug); "
+                "the draft cache was left unchanged"
+            )
+
+
+__all__ = ["Drafter", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]
