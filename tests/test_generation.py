@@ -1,0 +1,387 @@
+"""Speculative generation with a Hugging Face target: lossless greedy output, the cache and
+feature plumbing, stopping rules, stats and bad inputs (CPU, tiny random models, no downloads)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import frontier
+from frontier import FrontierConfig, InputError
+from frontier.backends.stub import StubBackend
+from frontier.generation import (
+    SpeculativeGenerator,
+    eagle3_tap_layers,
+    generate,
+    random_pair,
+    tree_parents,
+)
+from frontier.random_head import random_config, random_weights
+from frontier.registry import Backend, register_backend, unregister_backend
+
+from conftest import runnable_backends
+
+V = 256
+# (total_token, depth, top_k): a bushy tree, a top_k=1 chain at its maximum size (D + 2),
+# total_token at its maximum 1 + K + D*K^2, and the smallest tree.
+TREES = [(16, 4, 4), (7, 5, 1), (22, 2, 3), (2, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tiny random Llama target (8 layers: taps 2 < 4 < 5 distinct) and a random EAGLE-3 head."""
+    return random_pair("tiny", total_token=16, depth=4, top_k=4, seed=0)
+
+
+def _head(target, t, d, k, seed=1):
+    """A random EAGLE-3 head of the given tree shape for ``target``."""
+    h = target.config.hidden_size
+    cfg = random_config(
+        total_token=t,
+        depth=d,
+        top_k=k,
+        vocab_size=V // 2,
+        target_vocab_size=V,
+        hidden_size=h,
+        feature_size=3 * h,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+    )
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0)
+    w.embed_tokens = target.get_input_embeddings().weight.detach()
+    return cfg, w
+
+
+def _prompt(seed, length):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, V, (1, length), generator=g)
+
+
+def _reference(target, ids, n, **kw):
+    return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+
+
+def _weights_for(backend, w):
+    return w if getattr(frontier.get_backend(backend), "requires_weights", False) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# An oracle drafter: the stub's tree with one deep path carrying the target's true greedy
+# continuation up to a random depth, so that long acceptances, compaction and EOS inside an
+# accepted run are all exercised (a random head almost never gets a token accepted).
+# ----------------------------------------------------------------------------------------------
+class OracleBackend(Backend):
+    name = "test_oracle"
+    requires_weights = False
+    dtypes = (torch.float32,)
+
+    def __init__(self):
+        self.reference: list[int] = []
+        self.rng = random.Random(0)
+        self.calls: list[tuple[int, int]] = []  # (L, n) per call
+
+    def generate(self, request):
+        fr = StubBackend().generate(request)
+        ids = request.input_ids[0].tolist()
+        self.calls.append((len(ids) - 1, request.features.shape[1]))
+        assert ids == self.reference[: len(ids)], "the loop's sequence left the target's greedy output"
+        future = self.reference[len(ids) :]
+        tokens = fr.draft_tokens[0].clone()
+        parent = tree_parents(fr.tree_mask).tolist()
+        depth = fr.tree_position_ids.tolist()
+        deepest = max(range(len(depth)), key=lambda i: depth[i])
+        path = [deepest]
+        while path[-1] != 0:
+            path.append(parent[path[-1]])
+        path = path[::-1][1:]  # root excluded
+        correct = self.rng.randint(0, len(path))  # the first `correct` path nodes are right
+        for j, node in enumerate(path):
+            if j < len(future):
+                tokens[node] = future[j] if j < correct else (future[j] + 1) % V
+        # siblings must keep distinct tokens
+        for node in path:
+            sibs = [i for i in range(1, len(parent)) if parent[i] == parent[node] and i != node]
+            used = {int(tokens[i]) for i in sibs} | {int(tokens[node])}
+            for s in sibs:
+                if int(tokens[s]) == int(tokens[node]):
+                    alt = next(x for x in range(V) if x not in used)
+                    tokens[s] = alt
+                    used.add(alt)
+        fr.draft_tokens = tokens[None]
+        return fr
+
+
+@pytest.fixture
+def oracle():
+    b = OracleBackend()
+    register_backend(b.name, b, clobber=True)
+    yield b
+    unregister_backend(b.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lossless greedy
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: f"T{t[0]}-D{t[1]}-K{t[2]}")
+def test_greedy_lossless_every_backend(pair, tree, backend_name):
+    target, _, _ = pair
+    cfg, w = _head(target, *tree, seed=3 + tree[0])
+    for seed, (plen, n) in enumerate([(1, 9), (6, 23), (13, 17)]):
+        ids = _prompt(100 * seed + tree[0], plen)
+        ref = _reference(target, ids, n)
+        out = generate(target, ids, cfg=cfg, weights=_weights_for(backend_name, w), backend=backend_name, max_new_tokens=n)
+        assert torch.equal(out.sequences, ref), f"backend {backend_name} prompt {seed}: output differs from target.generate"
+        assert out.stats.new_tokens == ref.shape[1] - plen
+        assert out.stats.target_forwards == 1 + out.stats.verify_steps
+
+
+@pytest.mark.parametrize(
+    "tree, padded", [(t, True) for t in TREES] + [(TREES[0], False)], ids=lambda x: str(x)
+)
+def test_greedy_lossless_with_accepted_runs(pair, oracle, tree, padded):
+    target, _, _ = pair
+    t, d, k = tree
+    cfg = FrontierConfig(total_token=t, depth=d, top_k=k, vocab_size=V, hidden_size=64, feature_size=3 * 64)
+    total_accepted = 0
+    for seed, (plen, n) in enumerate([(3, 30), (11, 23), (1, 17)]):
+        ids = _prompt(7 + seed, plen)
+        ref = _reference(target, ids, n + t + 2, eos_token_id=None)
+        oracle.reference = ref[0].tolist()
+        oracle.rng = random.Random(seed)
+        out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=n, eos_token_id=None, padded=padded)
+        assert torch.equal(out.sequences, ref[:, : plen + n])
+        # every draft call: c + n == L (context rows fed so far + new rows)
+        fed = 0
+        for big_l, new in oracle.calls:
+            assert fed + new == big_l
+            fed = big_l
+        oracle.calls.clear()
+        total_accepted += sum(a - 1 for a in out.stats.accepted_lengths)
+        assert sum(out.stats.accepted_lengths) + 1 >= out.stats.new_tokens
+    if d > 0 and t > 2:
+        assert total_accepted > 0, "the oracle's paths were never accepted: acceptance is broken"
+
+
+def test_eos_inside_an_accepted_run(pair, oracle):
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=12, depth=6, top_k=2, vocab_size=V, hidden_size=64, feature_size=192)
+    ids = _prompt(5, 4)
+    free = _reference(target, ids, 40, eos_token_id=None)[0].tolist()
+    oracle.reference = free
+    for stop_at in (4 + 1, 4 + 9, 4 + 17):
+        eos = free[stop_at]
+        first = free.index(eos, 4)  # the first occurrence after the prompt ends generation
+        ref = _reference(target, ids, 40, eos_token_id=eos)
+        assert ref.shape[1] == first + 1
+        oracle.rng = random.Random(stop_at)
+        out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=40, eos_token_id=eos)
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.stop_reason == "eos"
+        # the same token as an extra stop token (EOS off)
+        out2 = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=40, eos_token_id=None, stop_token_ids=[eos])
+        assert torch.equal(out2.sequences, ref) and out2.stats.stop_reason == "stop_token"
+
+
+def test_default_eos_is_the_targets(pair, oracle):
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=10, depth=4, top_k=2, vocab_size=V, hidden_size=64, feature_size=192)
+    ids = _prompt(9, 5)
+    free = _reference(target, ids, 30, eos_token_id=None)[0].tolist()
+    old = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = free[5 + 6]
+    try:
+        oracle.reference = free
+        out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=30)
+        ref = _reference(target, ids, 30)
+    finally:
+        target.generation_config.eos_token_id = old
+    assert torch.equal(out.sequences, ref) and out.stats.stop_reason == "eos"
+
+
+def test_max_new_tokens_and_max_length(pair, oracle):
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=20, depth=5, top_k=3, vocab_size=V, hidden_size=64, feature_size=192)
+    ids = _prompt(3, 7)
+    free = _reference(target, ids, 60, eos_token_id=None)
+    oracle.reference = free[0].tolist()
+    for n in (1, 2, 5, 13):
+        out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=n, eos_token_id=None)
+        assert torch.equal(out.sequences, free[:, : 7 + n]) and out.stats.stop_reason == "max_new_tokens"
+        assert out.new_tokens.shape == (1, n)
+    out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=50, max_length=7 + 11, eos_token_id=None)
+    assert torch.equal(out.sequences, free[:, :18]) and out.stats.stop_reason == "max_length"
+    out = generate(target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=4, max_length=100, eos_token_id=None)
+    assert out.sequences.shape[1] == 11 and out.stats.stop_reason == "max_new_tokens"
+
+
+def test_eagle2_head_lossless(pair):
+    target, _, _ = pair
+    h = target.config.hidden_size
+    cfg = random_config(
+        total_token=14, depth=3, top_k=3, vocab_size=V, hidden_size=h, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=96, architecture="eagle2",
+    )
+    w = random_weights(cfg, seed=5)
+    w.lm_head = target.lm_head.weight.detach()
+    w.embed_tokens = target.get_input_embeddings().weight.detach()
+    ids = _prompt(77, 8)
+    out = generate(target, ids, cfg=cfg, weights=w, backend="torch_ref", max_new_tokens=15)
+    assert torch.equal(out.sequences, _reference(target, ids, 15))
+
+
+# ----------------------------------------------------------------------------------------------
+# Features and the draft cache
+# ----------------------------------------------------------------------------------------------
+def test_eagle3_tap_layers():
+    assert eagle3_tap_layers(32) == [2, 16, 29]
+    assert eagle3_tap_layers(8) == [2, 4, 5]
+    assert eagle3_tap_layers(6) == [2, 3]  # L//2 == L-3: tapped once
+    assert eagle3_tap_layers(5) == [2]
+    assert eagle3_tap_layers(4) == [1, 2]  # L-3 = 1 comes first
+
+
+class RecordingBackend(Backend):
+    """Delegates to torch_ref and records every request."""
+
+    name = "test_recording"
+    requires_weights = True
+    dtypes = (torch.float32,)
+
+    def __init__(self):
+        self.requests = []
+
+    def generate(self, request):
+        self.requests.append((request.input_ids.clone(), request.features.clone(), 0 if request.cache is None else request.cache.length))
+        return frontier.get_backend("torch_ref").generate(request)
+
+
+def test_features_are_the_targets_hidden_states_at_the_accepted_tokens(pair, oracle):
+    """Recorded draft inputs, concatenated, equal the target's taps over the final sequence."""
+    target, _, _ = pair
+    cfg, w = _head(target, 10, 3, 3)
+    rec = RecordingBackend()
+    register_backend(rec.name, rec, clobber=True)
+    try:
+        ids = _prompt(21, 9)
+        out = generate(target, ids, cfg=cfg, weights=w, backend=rec.name, max_new_tokens=12, eos_token_id=None)
+    finally:
+        unregister_backend(rec.name)
+    seq = out.sequences
+    feats = torch.cat([f for _, f, _ in rec.requests], dim=1)  # [1, L_last, F]
+    last_ids, _, last_c = rec.requests[-1]
+    big_l = last_ids.shape[1] - 1
+    assert feats.shape[1] == big_l and last_c + rec.requests[-1][1].shape[1] == big_l
+    assert torch.equal(last_ids[0], seq[0, : big_l + 1])
+    hs = target(seq[:, :big_l], output_hidden_states=True).hidden_states  # hs[i] enters layer i
+    want = torch.cat([hs[2], hs[4], hs[5]], dim=-1)
+    torch.testing.assert_close(feats, want, atol=2e-5, rtol=2e-5)
+
+
+def test_draft_cache_matches_a_fresh_draft(pair, oracle):
+    """The incremental draft cache gives the same tree as one fresh call over all features."""
+    target, _, _ = pair
+    cfg, w = _head(target, 12, 3, 3, seed=9)
+    rec = RecordingBackend()
+    register_backend(rec.name, rec, clobber=True)
+    try:
+        generate(target, _prompt(4, 6), cfg=cfg, weights=w, backend=rec.name, max_new_tokens=10, eos_token_id=None)
+    finally:
+        unregister_backend(rec.name)
+    feats = torch.cat([f for _, f, _ in rec.requests], dim=1)
+    ids = rec.requests[-1][0]
+    fresh = frontier.frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
+    again = frontier.frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
+    assert fresh.same_tree(again)
+    # Replaying the recorded calls with a cache must end in the same tree as the fresh call.
+    cache, fr = None, None
+    for ids_i, f_i, _ in rec.requests:
+        fr = frontier.frontier_generate(cfg, f_i, backend="torch_ref", input_ids=ids_i, weights=w, cache=cache)
+        cache = fr.cache
+    assert fr.same_tree(fresh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stats
+# ----------------------------------------------------------------------------------------------
+def test_stats_and_callback(pair, oracle):
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=16, depth=4, top_k=3, vocab_size=V, hidden_size=64, feature_size=192)
+    ids = _prompt(2, 5)
+    oracle.reference = _reference(target, ids, 60, eos_token_id=None)[0].tolist()
+    seen = []
+    out = generate(
+        target, ids, cfg=cfg, backend=oracle.name, max_new_tokens=30, eos_token_id=None,
+        callback=lambda toks, st: seen.append((toks.shape[1], st.verify_steps)),
+    )
+    s = out.stats
+    assert s.new_tokens == 30 and s.prompt_tokens == 5 and s.backend == oracle.name
+    assert s.target_forwards == 1 + s.verify_steps and s.draft_calls == s.verify_steps
+    assert 1.0 <= s.mean_accepted_length <= cfg.depth + 2
+    assert s.mean_accepted_length == sum(s.accepted_lengths) / len(s.accepted_lengths)
+    parts = s.time_prefill + s.time_draft + s.time_verify + s.time_other
+    assert abs(parts - s.time_total) < 1e-6 + 1e-3 * s.time_total
+    assert s.tokens_per_second > 0
+    assert [n for n, _ in seen] == sorted(n for n, _ in seen) and seen[-1][0] == 30
+    d = s.to_dict()
+    assert d["mean_accepted_length"] == s.mean_accepted_length and "tokens/s" in s.table()
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad inputs
+# ----------------------------------------------------------------------------------------------
+def test_bad_inputs(pair):
+    target, cfg, w = pair
+    ids = _prompt(0, 5)
+    gen = SpeculativeGenerator(target, cfg, w, backend="torch_ref")
+    with pytest.raises(InputError, match="batch size 2"):
+        gen.generate(torch.cat([ids, ids]))
+    with pytest.raises(InputError, match="empty"):
+        gen.generate(ids[:, :0])
+    with pytest.raises(InputError, match="max_length=4 leaves no room"):
+        gen.generate(ids, max_length=4)
+    with pytest.raises(InputError, match="max_length=5 leaves no room"):
+        gen.generate(ids, max_length=5)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        gen.generate(ids, max_new_tokens=0)
+    with pytest.raises(InputError, match=r"input_ids must lie in \[0, 256\)"):
+        gen.generate(torch.tensor([[1, 2, 300]]))
+    with pytest.raises(InputError, match="integer token ids"):
+        gen.generate(ids.float())
+    with pytest.raises(InputError, match="temperature"):
+        gen.generate(ids, temperature=-1.0)
+    with pytest.raises(InputError, match="top_p"):
+        gen.generate(ids, temperature=1.0, top_p=0.0)
+    with pytest.raises(InputError, match="top_k"):
+        gen.generate(ids, temperature=1.0, top_k=-2)
+    # A 1-D prompt is taken as one sequence.
+    assert torch.equal(gen.generate(ids[0], max_new_tokens=3).sequences, _reference(target, ids, 3))
+
+    # Head built for another target: hidden sizes disagree.
+    big = random_config(hidden_size=96, feature_size=3 * 96, vocab_size=V, target_vocab_size=V,
+                        num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    with pytest.raises(InputError, match=r"hidden sizes do not match.*feature_size is 288.*layers \[2, 4, 5\].*192"):
+        SpeculativeGenerator(target, big, random_weights(big), backend="torch_ref")
+    other_vocab = random_config(hidden_size=64, feature_size=192, vocab_size=100, target_vocab_size=300,
+                                num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    with pytest.raises(InputError, match="vocabularies do not match.*300.*256 rows"):
+        SpeculativeGenerator(target, other_vocab, random_weights(other_vocab), backend="torch_ref")
+    with pytest.raises(InputError, match="needs the draft head"):
+        SpeculativeGenerator(target, cfg, None, backend="torch_ref")
+    with pytest.raises(frontier.BackendNotFoundError):
+        SpeculativeGenerator(target, cfg, w, backend="no_such_backend")
+    with pytest.raises(InputError, match="cfg must be"):
+        SpeculativeGenerator(target, {"total_token": 4}, w)
+    with pytest.raises(InputError, match="Hugging Face causal LM"):
+        SpeculativeGenerator(object(), cfg, w)
+    old = target.config._attn_implementation
+    target.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(InputError, match="attn_implementation='flash_attention_2'"):
+            SpeculativeGenerator(target, cfg, w)
+    finally:
+        target.config._attn_implementation = old
+    # A failed call leaves no hooks behind: generation still matches afterwards.
+    assert not any(layer._forward_pre_hooks for layer in target.model.layers)
