@@ -34,6 +34,9 @@ Behaviour where the public code is silent or lenient (documented choices):
   tensor wins over the target's); ``embed_tokens=`` given explicitly wins over both.
 * ``dtype=None`` keeps the head's stored floating dtype (which must be uniform); tensors taken
   from the target are cast to it. ``dtype=...`` casts everything.
+* Tensors read from files are copied into fresh memory; the embedding / lm_head of a loaded
+  target model (or given as ``embed_tokens=``/``lm_head=``) is shared, not copied, when its dtype
+  and device already match (a 70B target's embedding is 2 GB).
 """
 
 from __future__ import annotations
@@ -380,8 +383,9 @@ def _rope_from_config(cfg: Mapping[str, Any], where: str) -> tuple[float, Option
     """(rope_theta, rope_scaling for FrontierConfig, problem or None)."""
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else None
     theta = cfg.get("rope_theta")
-    if theta is None and params is not None:
-        theta = params.get("rope_theta")
+    for nested in (params, cfg.get("rope_scaling")):  # transformers >= 5 nests rope_theta
+        if theta is None and isinstance(nested, dict):
+            theta = nested.get("rope_theta")
     theta = 10000.0 if theta is None else theta
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
         return 10000.0, None, f"{where}: 'rope_theta' must be a positive number, got {theta!r}"
@@ -501,6 +505,7 @@ class _External:
     dtype: torch.dtype
     fetch: Any  # () -> CPU/any-device tensor
     where: str  # for messages
+    shared: bool = False  # the caller's tensor (explicit or a loaded model's): share it when dtype/device match
 
 
 @dataclass
@@ -850,8 +855,7 @@ def _plan_externals(
 
     def from_tensor(x: Any, name: str, expect: tuple[int, ...]) -> _External:
         t = _weight_of(x, name)
-        ext = _External(f"{name}= argument", tuple(t.shape), t.dtype, lambda: t, f"{name}=")
-        return ext
+        return _External(f"{name}= argument", tuple(t.shape), t.dtype, lambda: t, f"{name}=", shared=True)
 
     def from_files(kind: str, expect: tuple[int, ...]) -> Optional[_External]:
         assert tfiles is not None
@@ -880,8 +884,8 @@ def _plan_externals(
             plan.errors.append(f"target model {type(module).__name__}.{getter}() gives no weight tensor")
             return None
         w = w.detach()
-        return _External(f"target model {type(module).__name__}.{getter}()", tuple(w.shape), w.dtype, lambda: w,
-                         f"target model {type(module).__name__}.{getter}().weight")
+        name = f"target model {type(module).__name__}.{getter}()"
+        return _External(name, tuple(w.shape), w.dtype, lambda: w, f"{name}.weight", shared=True)
 
     def resolve(kind: str, explicit: Any, want: bool, expect: tuple[int, ...]) -> Optional[_External]:
         name = "embed_tokens" if kind == "embed" else "lm_head"
@@ -1043,7 +1047,8 @@ def load_draft_head(
         return own(files.load(key))
 
     def ext(e: _External) -> torch.Tensor:
-        return own(e.fetch())
+        # A loaded target's embedding / lm_head is shared, not copied, when dtype and device match.
+        return e.fetch().to(device=device, dtype=out_dtype) if e.shared else own(e.fetch())
 
     state: dict[str, torch.Tensor] = {}
     for key in dims.expected_shapes():
@@ -1374,6 +1379,9 @@ def save_draft_head(
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=str(dest.parent)))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the head directory should not be
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if shards == 1:

@@ -286,8 +286,36 @@ def test_explicit_embed_tokens_wins_and_architecture_override_agrees(tmp_path):
     assert torch.equal(head.weights.lm_head, w.lm_head)
 
 
+def test_target_checkpoint_is_read_lazily(tmp_path):
+    """Only the shard holding the embedding is opened: the others may be anything (here: garbage)."""
+    cfg, w, path = _saved(tmp_path, "eagle3", include_embedding=False)
+    target = _write_target(tmp_path / "t", w.embed_tokens, None, shards=3)
+    idx = json.loads((target / "model.safetensors.index.json").read_text())
+    emb_shard = idx["weight_map"]["model.embed_tokens.weight"]
+    for f in target.glob("model-*.safetensors"):
+        if f.name != emb_shard:
+            f.write_bytes(b"not a safetensors file")
+    head = load_draft_head(path, target=target)
+    assert torch.equal(head.weights.embed_tokens, w.embed_tokens)
+    assert f"[model.embed_tokens.weight]" in head.embedding_source and emb_shard in head.embedding_source
+
+
+def test_loaded_target_embedding_is_shared_not_copied(tmp_path):
+    cfg, w, path = _saved(tmp_path, "eagle2", include_embedding=False, layers=1)
+    model = _target_model(w.embed_tokens, w.lm_head)
+    head = load_draft_head(path, target=model)
+    assert head.weights.embed_tokens.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert head.weights.lm_head.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    assert not head.weights.embed_tokens.requires_grad
+    half = load_draft_head(path, target=model, dtype=torch.float16)  # a cast copies
+    assert half.weights.embed_tokens.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+
+
 def test_save_refuses_non_empty_dir_and_overwrite_replaces(tmp_path):
     cfg, w, path = _saved(tmp_path, "eagle3", shards=3)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~umask  # not left private like a temporary dir
     with pytest.raises(InputError, match="not empty; pass overwrite=True"):
         save_draft_head(w, cfg, path)
     w2 = random_weights(cfg, seed=99)
@@ -463,6 +491,16 @@ def test_linear_rope_scaling_in_either_spelling(tmp_path):
     assert load_draft_head(path).config(total_token=4, depth=1, top_k=2).rope_scaling_factor == 4.0
     _set_config(path, rope_scaling={"type": "linear", "factor": -1})
     with pytest.raises(WeightsError, match="rope_scaling 'linear' needs a positive 'factor'"):
+        load_draft_head(path)
+
+
+def test_transformers5_rope_parameters(tmp_path):
+    cfg, w, path = _saved(tmp_path, "eagle3")
+    _set_config(path, rope_theta=_DELETE, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"})
+    c = load_draft_head(path).config(total_token=4, depth=1, top_k=2)
+    assert c.rope_theta == 500000.0 and c.rope_scaling is None
+    _set_config(path, rope_parameters={"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0})
+    with pytest.raises(WeightsError, match="rope_scaling type 'llama3' is not supported"):
         load_draft_head(path)
 
 
