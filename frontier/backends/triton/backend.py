@@ -101,11 +101,10 @@ class TritonBackend(Backend):
             ids_new = ids[c:].contiguous()  # [n]
             root = request.input_ids[0, -1:].contiguous()  # [1]
             d.run(w, features, ids_new, root, cache, c, n, mode)
-            if mode == "persistent":
-                d.check_error()
             out_tok, out_par, out_score = d.out_tok, d.out_par, d.out_score
-
-        packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+            packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+            if mode == "persistent":
+                d.check_error()  # one host read, after the packing work is queued behind the kernel
         cache.commit(c + n)  # the kernel wrote rows [c, c+n); only now do they count
         return Frontier(
             draft_tokens=out_tok[None],

@@ -204,6 +204,7 @@ def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hc
         tok = tl.minimum(tl.maximum(tok, 0), Vt - 1)
         if GATHER:
             src = tl.load(src_ptr + m)
+            src = tl.minimum(tl.maximum(src, 0), M - 1)
             h_row = hsrc_ptr + src * hsrc_stride
         else:
             h_row = hsrc_ptr + m * hsrc_stride

@@ -162,7 +162,7 @@ class Drafter:
 
     # ------------------------------------------------------------------------------------------
     def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
-            n_new: int, mode: str) -> Workspace:
+            n_new: int, mode: str, step_hook=None) -> Workspace:
         """Run the whole schedule. ``ids_new`` [n] int64 token ids of the new rows; the new rows'
         K/V are written into cache rows [c_len, c_len + n) (not committed here)."""
         cfg, tn = self.cfg, self.tuning
@@ -209,6 +209,8 @@ class Drafter:
                                     **const)
         elif mode == "steps":
             for s in range(self.n_steps):
+                if step_hook is not None:
+                    step_hook(s)
                 args[0] = self.schedule[s:]
                 args[1] = 1
                 K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, **const)

@@ -1,0 +1,48 @@
+"""``frontier bench``: time the draft call against the GPU's memory-bandwidth floor."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from ..bench import PRESETS
+
+    p = sub.add_parser(
+        "bench",
+        help="time backends against the memory-bandwidth floor (needs a CUDA GPU)",
+        description="Measure the GPU's copy bandwidth, compute the weight-streaming floor of one draft call, and time "
+        "the backends on random heads of the preset shapes (warm, CUDA events, median).",
+    )
+    p.add_argument("--preset", action="append", choices=sorted(PRESETS), help="head shape (repeatable; default: all)")
+    p.add_argument("--depth", type=str, default="5,7", help="comma-separated depths (default 5,7)")
+    p.add_argument("--backends", type=str, default="triton,torch_ref", help="comma-separated backends")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--batch", type=str, default="1", help="comma-separated batch sizes (only 1 so far)")
+    p.add_argument("--reps", type=int, default=50, help="timed calls per backend (torch_ref runs a fifth)")
+    p.add_argument("--context", type=int, default=512, help="context length L (default 512)")
+    p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
+    p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
+    p.add_argument("--json", type=str, default=None, help="write the results as JSON to this path")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    import torch
+
+    from ..bench import PRESETS, run_bench
+    from ..errors import InputError
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    try:
+        depths = [int(x) for x in args.depth.split(",") if x]
+        batches = [int(x) for x in args.batch.split(",") if x]
+    except ValueError:
+        raise InputError(f"--depth/--batch take comma-separated integers, got {args.depth!r} / {args.batch!r}") from None
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    text = run_bench(args.preset or list(PRESETS), depths, backends=backends, dtype=dtype, reps=args.reps,
+                     json_path=args.json, batches=batches, breakdown=args.breakdown, context=args.context,
+                     new_rows=args.new_rows)
+    print(text)
+    return 0

@@ -1,0 +1,196 @@
+"""triton backend: integer outputs identical to torch_ref in fp32 (IEEE dots), over call sequences
+sharing one cache, both architectures, with d2t, greedy and sampling.
+
+On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest) on tiny heads, one launch per
+schedule entry; on a GPU the same device code also runs as one persistent launch.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import frontier
+from frontier import frontier_generate
+from frontier.errors import BackendUnavailableError, InputError, KernelError
+from frontier.random_head import random_config, random_inputs, random_weights
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+
+pytestmark = pytest.mark.skipif(
+    not (INTERPRET or HAS_CUDA) or frontier.get_backend("triton").availability()[0] is False,
+    reason="triton backend unavailable here",
+)
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+# (architecture, config overrides, sampling) - tiny heads with odd sizes
+CASES = [
+    ("eagle3", dict(vocab_size=64, target_vocab_size=100, total_token=12, depth=3, top_k=3), False),
+    ("eagle3", dict(vocab_size=50, total_token=10, depth=2, top_k=4, hidden_size=48, num_attention_heads=6,
+                    num_key_value_heads=3, intermediate_size=40), True),
+    ("eagle2", dict(vocab_size=64, total_token=12, depth=3, top_k=3), False),
+    ("eagle2", dict(vocab_size=40, total_token=9, depth=2, top_k=3, hidden_size=40, num_attention_heads=5,
+                    num_key_value_heads=1, intermediate_size=56), True),
+]
+
+
+def _sequence(cfg, w, ids, feats, backend, chunks, sampling, device=DEVICE, **opts):
+    """Run one draft call per chunk of new rows, each on the previous call's cache."""
+    out, cache, c = [], None, 0
+    for n in chunks:
+        fr = frontier_generate(cfg, feats[:, c:c + n].to(device), backend=backend, input_ids=ids[:, : c + n + 1].to(device),
+                               weights=w, cache=cache, sampling=sampling, **opts)
+        cache = fr.cache
+        c += n
+        out.append(fr)
+    return out
+
+
+def _assert_same(ref_list, tri_list, cfg):
+    for call, (a, b) in enumerate(zip(ref_list, tri_list)):
+        assert a.same_tree(b), (
+            f"call {call}: draft_tokens ref {a.draft_tokens.tolist()} triton {b.draft_tokens.tolist()}\n"
+            f"scores ref {a.scores.tolist()}\n       tri {b.scores.tolist()}"
+        )
+        torch.testing.assert_close(a.scores.cpu(), b.scores.cpu(), rtol=0, atol=1e-4)
+        assert a.cache.length == b.cache.length
+        n = a.cache.length
+        torch.testing.assert_close(a.cache.k[:, :, :n].cpu(), b.cache.k[:, :, :n].cpu(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.cache.v[:, :, :n].cpu(), b.cache.v[:, :, :n].cpu(), rtol=1e-4, atol=1e-5)
+        b.check_invariants(total_token=cfg.total_token, depth=cfg.depth, top_k=cfg.top_k)
+
+
+@pytest.mark.parametrize("arch,over,sampling", CASES)
+def test_fp32_sequence_matches_torch_ref(arch, over, sampling):
+    cfg = random_config(architecture=arch, **over)
+    seed = 7 + len(arch) + over["top_k"]
+    w = random_weights(cfg, seed=seed, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=9, seed=seed + 1)
+    chunks = [6, 2, 1]
+    ref = _sequence(cfg, w, ids, feats, "torch_ref", chunks, sampling)
+    tri = _sequence(cfg, w, ids, feats, "triton", chunks, sampling)
+    _assert_same(ref, tri, cfg)
+
+
+def test_fp32_padded_and_deep_tree_matches():
+    # a sharper head gives deep trees: exercises every ancestor slot of the implicit mask
+    cfg = random_config(total_token=14, depth=4, top_k=3, vocab_size=48, target_vocab_size=96)
+    w = random_weights(cfg, seed=3, lm_head_scale=12.0, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=5, seed=4)
+    ref = _sequence(cfg, w, ids, feats, "torch_ref", [5], False, padded=True)
+    tri = _sequence(cfg, w, ids, feats, "triton", [5], False, padded=True)
+    assert int(ref[0].tree_position_ids.max()) >= 3
+    _assert_same(ref, tri, cfg)
+    assert torch.equal(ref[0].retrieve_indices.cpu(), tri[0].retrieve_indices.cpu())
+
+
+def test_failed_call_leaves_cache_unchanged():
+    cfg = random_config()
+    w = random_weights(cfg, seed=1, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=6, seed=2)
+    fr = frontier_generate(cfg, feats[:, :4].to(DEVICE), backend="triton", input_ids=ids[:, :5].to(DEVICE), weights=w)
+    cache = fr.cache
+    k0, v0, length = cache.k.clone(), cache.v.clone(), cache.length
+    with pytest.raises(InputError, match="mode"):
+        frontier_generate(cfg, feats[:, 4:].to(DEVICE), backend="triton", input_ids=ids.to(DEVICE), weights=w,
+                          cache=cache, mode="bogus")
+    assert cache.length == length and torch.equal(cache.k, k0) and torch.equal(cache.v, v0)
+
+
+def test_registration_is_idempotent_and_attributes():
+    from frontier.backends.triton import TritonBackend, register_triton_backend
+
+    register_triton_backend()
+    register_triton_backend()
+    be = frontier.get_backend("triton")
+    assert isinstance(be, TritonBackend)
+    assert be.requires_weights
+    if INTERPRET:
+        assert "cpu" in be.devices and torch.bfloat16 not in be.dtypes
+    assert be.availability() == (True, "")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter-only rule")
+def test_persistent_mode_refused_under_interpreter():
+    cfg = random_config()
+    w = random_weights(cfg, seed=1)
+    ids, feats = random_inputs(cfg, context=4, seed=2)
+    with pytest.raises(InputError, match="persistent"):
+        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, mode="persistent")
+
+
+def test_fallback_to_torch_ref_when_unavailable(monkeypatch):
+    from frontier.backends.triton.backend import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "availability", lambda self: (False, "no CUDA device"))
+    cfg = random_config()
+    w = random_weights(cfg, seed=5)
+    ids, feats = random_inputs(cfg, context=4, seed=6)
+    with pytest.raises(BackendUnavailableError, match="no CUDA device"):
+        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fr = frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, fallback=True)
+    assert any("falling back" in str(r.message) for r in rec)
+    ref = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
+    assert fr.same_tree(ref)
+
+
+def test_multilayer_eagle2_is_refused_clearly():
+    cfg = random_config(architecture="eagle2", num_layers=2)
+    w = random_weights(cfg, seed=1, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=4, seed=2)
+    with pytest.raises(InputError, match="num_layers=2"):
+        frontier_generate(cfg, feats.to(DEVICE), backend="triton", input_ids=ids.to(DEVICE), weights=w)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU only: the persistent launch, the bounded barrier, larger heads
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch,over,sampling", CASES)
+@pytest.mark.parametrize("mode", ["persistent", "steps"])
+def test_gpu_fp32_modes_match_torch_ref(arch, over, sampling, mode):
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=11, device="cuda")
+    ids, feats = random_inputs(cfg, context=9, seed=12)
+    ref = _sequence(cfg, w, ids, feats, "torch_ref", [6, 2, 1], sampling, device="cuda")
+    tri = _sequence(cfg, w, ids, feats, "triton", [6, 2, 1], sampling, device="cuda", mode=mode)
+    _assert_same(ref, tri, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_fp32_medium_head_matches(seed, arch):
+    over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
+                vocab_size=1000, total_token=60, depth=5, top_k=10)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 3000
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=seed, device="cuda", lm_head_scale=6.0)
+    ids, feats = random_inputs(cfg, context=70, seed=seed + 100)
+    ref = _sequence(cfg, w, ids, feats, "torch_ref", [64, 5, 1], seed % 2 == 1, device="cuda")
+    tri = _sequence(cfg, w, ids, feats, "triton", [64, 5, 1], seed % 2 == 1, device="cuda")
+    _assert_same(ref, tri, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_barrier_timeout_raises_and_keeps_cache(monkeypatch):
+    cfg = random_config()
+    w = random_weights(cfg, seed=1, device="cuda")
+    ids, feats = random_inputs(cfg, context=6, seed=2)
+    fr = frontier_generate(cfg, feats[:, :4].cuda(), backend="triton", input_ids=ids[:, :5].cuda(), weights=w)
+    cache = fr.cache
+    k0, length = cache.k.clone(), cache.length
+    monkeypatch.setenv("FRONTIER_TRITON_MAX_SPIN", "0")
+    with pytest.raises(KernelError, match="barrier"):
+        frontier_generate(cfg, feats[:, 4:].cuda(), backend="triton", input_ids=ids.cuda(), weights=w, cache=cache,
+                          mode="persistent")
+    assert cache.length == length
+    assert torch.equal(cache.k[:, :, :length], k0[:, :, :length])
