@@ -75,35 +75,10 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     hm = rh < H
     x = tl.load(x_ptr + rh, mask=hm, other=0.0).to(tl.float32)
     var = tl.math.div_rn(tl.sum(x * x, axis=0), H.to(tl.float32))
-    rstd = tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
+    rstd = tl.math.div_rn(var * 0.0 + 1.0, tl.sqrt_rn(var + eps))
     y = (x * rstd).to(DT).to(tl.float32)
     w = tl.load(w_ptr + rh, mask=hm, other=0.0).to(tl.float32)
     return (w * y).to(DT)
-
-
-@triton.jit
-def _mm_tile(x_ptr, x_stride, row0, M, w_ptr, n0, N, Kd,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """acc[BN, BM] = W[n0:n0+BN, :Kd] @ X[row0:row0+BM, :Kd]^T (fp32 accumulation).
-
-    Weights are the wide operand (rows of W), the few activation rows the narrow one, so each
-    weight byte is read once for all rows of the tile.
-    """
-    rn = n0 + tl.arange(0, BN)
-    rm = row0 + tl.arange(0, BM)
-    rk = tl.arange(0, BK)
-    nmask = rn[:, None] < N
-    mmask = rm[None, :] < M
-    acc = tl.zeros([BN, BM], dtype=tl.float32)
-    for k0 in range(0, Kd, BK):
-        kk = k0 + rk
-        w = tl.load(w_ptr + rn[:, None] * Kd + kk[None, :], mask=nmask & (kk[None, :] < Kd), other=0.0)
-        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=mmask & (kk[:, None] < Kd), other=0.0)
-        if IEEE:
-            acc = tl.dot(w, x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x, acc)
-    return acc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -111,83 +86,134 @@ def _mm_tile(x_ptr, x_stride, row0, M, w_ptr, n0, N, Kd,
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
+               w2_ptr, w3_ptr, N2,
                MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """Y = X W^T, then MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias."""
-    DT = y_ptr.dtype.element_ty
-    n_tiles = tl.cdiv(N, BN)
-    m_tiles = tl.cdiv(M, BM)
-    for t in range(pid, n_tiles * m_tiles, nprog):
-        mt = t // n_tiles
-        nt = t - mt * n_tiles
-        acc = _mm_tile(x_ptr, x_stride, mt * BM, M, w_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
-        rn = nt * BN + tl.arange(0, BN)
-        rm = mt * BM + tl.arange(0, BM)
-        msk = (rn[:, None] < N) & (rm[None, :] < M)
-        if MODE == 1:
-            r = tl.load(res_ptr + rm[None, :] * res_stride + rn[:, None], mask=msk, other=0.0).to(tl.float32)
-            out = (acc.to(DT).to(tl.float32) + r).to(DT)
-        elif MODE == 2:
-            b = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-            out = (acc + b[:, None]).to(DT)
-        else:
-            out = acc.to(DT)
-        tl.store(y_ptr + rm[None, :] * y_stride + rn[:, None], out, mask=msk)
+    """Y = X W^T streamed over the grid, then MODE 0: store; 1: + residual (rounded as
+    ``res + round(XW^T)``); 2: + bias; 4: QKV (rows [0, N) of W, then N2 rows of w2, N2 of w3,
+    written side by side).
 
-
-@triton.jit
-def _ph_qkv(pid, nprog, x_ptr, x_stride, M, wq_ptr, wk_ptr, wv_ptr, NQ, NKV, Kd, y_ptr,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """qkv[m] = [x Wq^T | x Wk^T | x Wv^T]: the three projections share one tile space."""
+    The program's (tile, k-chunk) iterations form ONE flat loop, so the software pipeline keeps
+    weight loads in flight across tile boundaries (no drain/refill bubble per tile).
+    """
     DT = y_ptr.dtype.element_ty
-    tq = tl.cdiv(NQ, BN)
-    tkv = tl.cdiv(NKV, BN)
-    per_m = tq + 2 * tkv
+    if MODE == 4:
+        t1 = tl.cdiv(N, BN)
+        t2 = tl.cdiv(N2, BN)
+        n_tiles = t1 + 2 * t2
+    else:
+        t1 = tl.cdiv(N, BN)
+        t2 = 0
+        n_tiles = t1
     m_tiles = tl.cdiv(M, BM)
-    y_stride = NQ + 2 * NKV
-    for t in range(pid, per_m * m_tiles, nprog):
-        mt = t // per_m
-        j = t - mt * per_m
-        if j < tq:
-            w_ptr = wq_ptr
-            n0 = j * BN
-            n_rows = NQ
-            col0 = 0
-        elif j < tq + tkv:
-            w_ptr = wk_ptr
-            n0 = (j - tq) * BN
-            n_rows = NKV
-            col0 = NQ
+    total = n_tiles * m_tiles
+    my = tl.cdiv(total - pid, nprog)
+    k_iters = tl.cdiv(Kd, BK)
+    rk = tl.arange(0, BK)
+    rbn = tl.arange(0, BN)
+    rbm = tl.arange(0, BM)
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    ki = k_iters - 1
+    t = pid - nprog
+    wbase = w_ptr
+    n0 = 0
+    nrows = N
+    col0 = 0
+    m0 = 0
+    for _it in range(0, my * k_iters):
+        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
+        if ki == 0:
+            t += nprog
+            mt = t // n_tiles
+            j = t - mt * n_tiles
+            m0 = mt * BM
+            if MODE == 4:
+                if j < t1:
+                    wbase = w_ptr
+                    n0 = j * BN
+                    nrows = N
+                    col0 = 0
+                elif j < t1 + t2:
+                    wbase = w2_ptr
+                    n0 = (j - t1) * BN
+                    nrows = N2
+                    col0 = N
+                else:
+                    wbase = w3_ptr
+                    n0 = (j - t1 - t2) * BN
+                    nrows = N2
+                    col0 = N + N2
+            else:
+                n0 = j * BN
+        kk = ki * BK + rk
+        rn = n0 + rbn
+        rm = m0 + rbm
+        w = tl.load(wbase + rn[:, None] * Kd + kk[None, :], mask=(rn[:, None] < nrows) & (kk[None, :] < Kd), other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+        if IEEE:
+            acc = tl.dot(w, x, acc, input_precision="ieee")
         else:
-            w_ptr = wv_ptr
-            n0 = (j - tq - tkv) * BN
-            n_rows = NKV
-            col0 = NQ + NKV
-        acc = _mm_tile(x_ptr, x_stride, mt * BM, M, w_ptr, n0, n_rows, Kd, BM, BN, BK, IEEE)
-        rn = n0 + tl.arange(0, BN)
-        rm = mt * BM + tl.arange(0, BM)
-        msk = (rn[:, None] < n_rows) & (rm[None, :] < M)
-        tl.store(y_ptr + rm[None, :] * y_stride + col0 + rn[:, None], acc.to(DT), mask=msk)
+            acc = tl.dot(w, x, acc)
+        if ki == k_iters - 1:
+            msk = (rn[:, None] < nrows) & (rm[None, :] < M)
+            if MODE == 1:
+                r = tl.load(res_ptr + rm[None, :] * res_stride + rn[:, None], mask=msk, other=0.0).to(tl.float32)
+                out = (acc.to(DT).to(tl.float32) + r).to(DT)
+            elif MODE == 2:
+                b = tl.load(b_ptr + rn, mask=rn < nrows, other=0.0).to(tl.float32)
+                out = (acc + b[:, None]).to(DT)
+            else:
+                out = acc.to(DT)
+            tl.store(y_ptr + rm[None, :] * y_stride + col0 + rn[:, None], out, mask=msk)
+            acc = tl.zeros([BN, BM], dtype=tl.float32)
 
 
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference."""
+    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
+    Gate and up rows of one tile stream in the same flat loop (two loads, two accumulators)."""
     DT = y_ptr.dtype.element_ty
     n_tiles = tl.cdiv(N, BN)
-    m_tiles = tl.cdiv(M, BM)
-    for t in range(pid, n_tiles * m_tiles, nprog):
-        mt = t // n_tiles
-        nt = t - mt * n_tiles
-        g = _mm_tile(x_ptr, Kd, mt * BM, M, wg_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
-        u = _mm_tile(x_ptr, Kd, mt * BM, M, wu_ptr, nt * BN, N, Kd, BM, BN, BK, IEEE)
-        g = g.to(DT).to(tl.float32)
-        u = u.to(DT).to(tl.float32)
-        s = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
-        rn = nt * BN + tl.arange(0, BN)
-        rm = mt * BM + tl.arange(0, BM)
-        msk = (rn[:, None] < N) & (rm[None, :] < M)
-        tl.store(y_ptr + rm[None, :] * N + rn[:, None], (s * u).to(DT), mask=msk)
+    total = n_tiles * tl.cdiv(M, BM)
+    my = tl.cdiv(total - pid, nprog)
+    k_iters = tl.cdiv(Kd, BK)
+    rk = tl.arange(0, BK)
+    rbn = tl.arange(0, BN)
+    rbm = tl.arange(0, BM)
+    acc_g = tl.zeros([BN, BM], dtype=tl.float32)
+    acc_u = tl.zeros([BN, BM], dtype=tl.float32)
+    ki = k_iters - 1
+    t = pid - nprog
+    n0 = 0
+    m0 = 0
+    for _it in range(0, my * k_iters):
+        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
+        if ki == 0:
+            t += nprog
+            mt = t // n_tiles
+            n0 = (t - mt * n_tiles) * BN
+            m0 = mt * BM
+        kk = ki * BK + rk
+        rn = n0 + rbn
+        rm = m0 + rbm
+        wmask = (rn[:, None] < N) & (kk[None, :] < Kd)
+        wg = tl.load(wg_ptr + rn[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+        wu = tl.load(wu_ptr + rn[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+        if IEEE:
+            acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
+            acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(wg, x, acc_g)
+            acc_u = tl.dot(wu, x, acc_u)
+        if ki == k_iters - 1:
+            g = acc_g.to(DT).to(tl.float32)
+            u = acc_u.to(DT).to(tl.float32)
+            sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+            msk = (rn[:, None] < N) & (rm[None, :] < M)
+            tl.store(y_ptr + rm[None, :] * N + rn[:, None], (sg * u).to(DT), mask=msk)
+            acc_g = tl.zeros([BN, BM], dtype=tl.float32)
+            acc_u = tl.zeros([BN, BM], dtype=tl.float32)
 
 
 @triton.jit
@@ -267,72 +293,86 @@ def _ph_rope(pid, nprog, M, qkv_ptr, qr_ptr, q_row0, kd_ptr, vd_ptr, kv_head_str
 
 
 @triton.jit
-def _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r, anc_stride,
-                 j0, nctx, total, sqrt_d, HD, DT: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """Scores [BLOCK_G, BLOCK_N] of keys j0.. of the virtual key sequence: context rows
-    0..nctx-1 of the cache, then the row's ancestor slots of the tree scratch."""
+def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Scores [BLOCK_Q, BLOCK_N] of every query against context keys j0..j0+BLOCK_N-1, rounded
+    like the reference: ``round(round(q @ k^T) / sqrt(d))``."""
     rj = j0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
-    dm = rd[:, None] < HD
-    in_ctx = rj < nctx
-    in_tree = (rj >= nctx) & (rj < total)
-    slot = tl.load(anc_ptr + r * anc_stride + (rj - nctx), mask=in_tree, other=0)
-    k = tl.load(ck_ptr + g * c_head_stride + rj[None, :] * HD + rd[:, None], mask=dm & in_ctx[None, :], other=0.0)
-    k += tl.load(tk_ptr + g * t_head_stride + slot[None, :] * HD + rd[:, None], mask=dm & in_tree[None, :], other=0.0)
+    k = tl.load(ck_ptr + g * c_head_stride + rj[None, :] * HD + rd[:, None],
+                mask=(rd[:, None] < HD) & (rj[None, :] < nctx), other=0.0)
     if IEEE:
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
     s = tl.math.div_rn(s.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
-    s = tl.where((rj < total)[None, :], s, float("-inf"))
-    return s, rj, slot, in_ctx, in_tree
+    return tl.where((rj < nctx)[None, :], s, float("-inf")), rj
+
+
+@triton.jit
+def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
+                 DT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Score [BLOCK_Q] of each query against its row's a-th ancestor slot (gathered keys)."""
+    rd = tl.arange(0, BLOCK_D)
+    slot = tl.load(anc_ptr + r_of * anc_stride + a, mask=qmask, other=0)
+    kt = tl.load(tk_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                 mask=qmask[:, None] & (rd[None, :] < HD), other=0.0)
+    sa = tl.sum(q.to(tl.float32) * kt.to(tl.float32), axis=1)
+    sa = tl.math.div_rn(sa.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
+    return sa, slot
 
 
 @triton.jit
 def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
              tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
-             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """Single-query attention of R rows, one work item per (row, KV head) holding its G query
-    heads. Two passes: max and sum of exp in fp32, then probabilities rounded to the compute
-    dtype (as the reference casts softmax's output) times V. The tree mask is implicit."""
+             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Single-query attention of R rows. One work item per KV head holds every (row, head) query
+    of its group, so each context K/V block is read once for all rows. Keys: the nctx context
+    rows (shared), then each row's n_anc ancestor slots in the tree scratch (gathered per row):
+    the tree mask is implicit. Two passes: fp32 max and sum of exp, then probabilities rounded to
+    the compute dtype (as the reference casts softmax's output) times V."""
     DT = ao_ptr.dtype.element_ty
     G = NH // NKV
-    rg = tl.arange(0, BLOCK_G)
+    rq = tl.arange(0, BLOCK_Q)
+    r_of = rq // G
+    hl = rq - r_of * G
+    qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
-    gm = rg < G
     dm = rd < HD
-    total = nctx + n_anc
-    for t in range(pid, R * NKV, nprog):
-        r = t // NKV
-        g = t - r * NKV
-        q = tl.load(qr_ptr + r * NH * HD + (g * G + rg)[:, None] * HD + rd[None, :],
-                    mask=gm[:, None] & dm[None, :], other=0.0)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        for j0 in range(0, total, BLOCK_N):
-            s, rj, slot, in_ctx, in_tree = _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r,
-                                                        anc_stride, j0, nctx, total, sqrt_d, HD, DT,
-                                                        BLOCK_N, BLOCK_D, IEEE)
+    for g in range(pid, NKV, nprog):
+        qoff = r_of * NH * HD + (g * G + hl) * HD
+        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0)
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        for j0 in range(0, nctx, BLOCK_N):
+            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
             m_i = m_new
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        for j0 in range(0, total, BLOCK_N):
-            s, rj, slot, in_ctx, in_tree = _attn_scores(q, ck_ptr, tk_ptr, anc_ptr, g, c_head_stride, t_head_stride, r,
-                                                        anc_stride, j0, nctx, total, sqrt_d, HD, DT,
-                                                        BLOCK_N, BLOCK_D, IEEE)
+        for a in range(n_anc):
+            sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
+                                    DT, BLOCK_D)
+            m_new = tl.maximum(m_i, sa)
+            l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
+            m_i = m_new
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+        for j0 in range(0, nctx, BLOCK_N):
+            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
             p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
             v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
-                        mask=in_ctx[:, None] & dm[None, :], other=0.0)
-            v += tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                         mask=in_tree[:, None] & dm[None, :], other=0.0)
+                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0)
             if IEEE:
                 acc = tl.dot(p, v, acc, input_precision="ieee")
             else:
                 acc = tl.dot(p, v, acc)
-        tl.store(ao_ptr + r * NH * HD + (g * G + rg)[:, None] * HD + rd[None, :], acc.to(DT),
-                 mask=gm[:, None] & dm[None, :])
+        for a in range(n_anc):
+            sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
+                                    DT, BLOCK_D)
+            pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+            vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                         mask=qmask[:, None] & dm[None, :], other=0.0).to(tl.float32)
+            acc += pa[:, None] * vt
+        tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -341,40 +381,58 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr,
     """lm_head with a streaming top-KP per row, plus the running max and sum of exp for the
     log-softmax. Each program writes its partial (keys [BM, KP], max [BM], sum [BM]) to its
     slot; the [rows, V] logits never reach memory. Vocabulary tiles are KP rows wide so that
-    the running list and a tile join into one [BM, 2KP] block that a bitonic sort ranks."""
+    the running list and a tile join into one [BM, 2KP] block that a bitonic sort ranks.
+    Like _ph_linear, the (tile, k-chunk) iterations form one flat pipelined loop."""
     DT = x_ptr.dtype.element_ty
     rm = tl.arange(0, BM)
+    rbn = tl.arange(0, KP)
+    rk = tl.arange(0, BK)
     lst = tl.full([BM, KP], KEY_NONE, tl.int64)
     rmax = tl.full([BM], float("-inf"), tl.float32)
     rsum = tl.zeros([BM], tl.float32)
     n_tiles = tl.cdiv(V, KP)
-    for t in range(pid, n_tiles, nprog):
-        acc = _mm_tile(x_ptr, Kd, 0, M, w_ptr, t * KP, V, Kd, BM, KP, BK, IEEE)  # [KP, BM]
-        logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, KP]
-        rn = t * KP + tl.arange(0, KP)
-        valid = (rn < V)[None, :] & (rm < M)[:, None]
-        logit = tl.where(valid, logit, float("-inf"))
-        nm = tl.maximum(rmax, tl.max(logit, axis=1))
-        nm_safe = tl.where(nm == float("-inf"), 0.0, nm)
-        rsum = rsum * tl.exp(rmax - nm_safe) + tl.sum(tl.exp(logit - nm_safe[:, None]), axis=1)
-        rmax = nm
-        key = tl.where(valid, _key(logit, rn[None, :]), KEY_NONE)
-        if SORT:
-            both = tl.reshape(tl.join(lst, key), (BM, 2 * KP))
-            both = tl.sort(both, dim=1, descending=True)
-            top, _rest = tl.split(tl.permute(tl.reshape(both, (BM, 2, KP)), (0, 2, 1)))
-            lst = top
-        else:  # KP rounds of "take the larger head" (same result; fast under the interpreter)
-            col = tl.arange(0, KP)[None, :]
-            top = tl.full([BM, KP], KEY_NONE, tl.int64)
-            for s in tl.static_range(KP):
-                best = tl.maximum(tl.max(lst, axis=1), tl.max(key, axis=1))[:, None]
-                top = tl.where(col == s, best, top)
-                lst = tl.where(lst == best, KEY_NONE, lst)
-                key = tl.where(key == best, KEY_NONE, key)
-            lst = top
-    rk = tl.arange(0, KP)
-    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + rk[None, :], lst)
+    my = tl.cdiv(n_tiles - pid, nprog)
+    k_iters = tl.cdiv(Kd, BK)
+    acc = tl.zeros([KP, BM], dtype=tl.float32)
+    ki = k_iters - 1
+    t = pid - nprog
+    for _it in range(0, my * k_iters):
+        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
+        if ki == 0:
+            t += nprog
+        kk = ki * BK + rk
+        rn = t * KP + rbn
+        w = tl.load(w_ptr + rn[:, None] * Kd + kk[None, :], mask=(rn[:, None] < V) & (kk[None, :] < Kd), other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+        if IEEE:
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+        if ki == k_iters - 1:
+            logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, KP]
+            valid = (rn < V)[None, :] & (rm < M)[:, None]
+            logit = tl.where(valid, logit, float("-inf"))
+            nm = tl.maximum(rmax, tl.max(logit, axis=1))
+            nm_safe = tl.where(nm == float("-inf"), 0.0, nm)
+            rsum = rsum * tl.exp(rmax - nm_safe) + tl.sum(tl.exp(logit - nm_safe[:, None]), axis=1)
+            rmax = nm
+            key = tl.where(valid, _key(logit, rn[None, :]), KEY_NONE)
+            if SORT:
+                both = tl.reshape(tl.join(lst, key), (BM, 2 * KP))
+                both = tl.sort(both, dim=1, descending=True)
+                top, _rest = tl.split(tl.permute(tl.reshape(both, (BM, 2, KP)), (0, 2, 1)))
+                lst = top
+            else:  # KP rounds of "take the larger head" (same result; fast under the interpreter)
+                col = tl.arange(0, KP)[None, :]
+                top = tl.full([BM, KP], KEY_NONE, tl.int64)
+                for s in tl.static_range(KP):
+                    best = tl.maximum(tl.max(lst, axis=1), tl.max(key, axis=1))[:, None]
+                    top = tl.where(col == s, best, top)
+                    lst = tl.where(lst == best, KEY_NONE, lst)
+                    key = tl.where(key == best, KEY_NONE, key)
+                lst = top
+            acc = tl.zeros([KP, BM], dtype=tl.float32)
+    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + rbn[None, :], lst)
     tl.store(max_ptr + pid * BM + rm, rmax)
     tl.store(sum_ptr + pid * BM + rm, rsum)
 
@@ -519,7 +577,7 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
     cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-    spins = 0
+    spins = cur * 0
     while (cur < target) & (err == 0) & (spins < MAX_SPIN):
         cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
         err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
@@ -552,7 +610,7 @@ def drafter_kernel(
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, SORT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_NA: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -572,14 +630,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, n_new, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           0, BM, BN, BK, IEEE)
+                           fcw_ptr, fcw_ptr, 0, 0, BM, BN, BK, IEEE)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               2, BM, BN, BK, IEEE)
+                               fcw_ptr, fcw_ptr, 0, 2, BM, BN, BK, IEEE)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               0, BM, BN, BK, IEEE)
+                               fcw_ptr, fcw_ptr, 0, 0, BM, BN, BK, IEEE)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -596,11 +654,11 @@ def drafter_kernel(
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, False, BLOCK_H)
         elif ph == 4:  # PH_QKV
             if EAGLE3:
-                _ph_qkv(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, 2 * H, qkv_ptr,
-                        BM, BN, BK, IEEE)
+                _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, 4, BM, BN, BK, IEEE)
             else:
-                _ph_qkv(pid, nprog, hcur_ptr, H, m_in, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, H, qkv_ptr,
-                        BM, BN, BK, IEEE)
+                _ph_linear(pid, nprog, hcur_ptr, H, m_in, wq_ptr, NQ, H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, 4, BM, BN, BK, IEEE)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope(pid, nprog, n_new, qkv_ptr, qr_ptr, n_new - 1, ck_ptr, cv_ptr, max_len * HD, c_len,
@@ -612,22 +670,22 @@ def drafter_kernel(
             if is_ctx:
                 _ph_attn(pid, nprog, 1, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
                          tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, 0, NH, NKV, HD, sqrt_d,
-                         BLOCK_G, BLOCK_NA, BLOCK_D, IEEE)
+                         BLOCK_Q, BLOCK_NA, BLOCK_D, IEEE)
             else:
                 _ph_attn(pid, nprog, K, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
                          tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, i + 1, NH, NKV, HD, sqrt_d,
-                         BLOCK_G, BLOCK_NA, BLOCK_D, IEEE)
+                         BLOCK_Q, BLOCK_NA, BLOCK_D, IEEE)
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn)
             res_row = tl.where(is_ctx, n_new - 1, 0)
             _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr + res_row * H, H, fcb_ptr,
-                       1, BM, BN, BK, IEEE)
+                       wo_ptr, wo_ptr, 0, 1, BM, BN, BK, IEEE)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, BM, BN, BK, IEEE)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                       1, BM, BN, BK, IEEE)
+                       wd_ptr, wd_ptr, 0, 1, BM, BN, BK, IEEE)
         elif ph == 11:  # PH_NORM_F
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
         elif ph == 12:  # PH_LMHEAD

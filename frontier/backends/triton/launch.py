@@ -66,9 +66,11 @@ class Tuning:
 
     BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
     BN: int = 16  # weight rows per tile
-    BK: int = 256  # reduction chunk
+    BK: int = 512  # reduction chunk (2-byte dtypes; fp32 uses BK_FP32)
+    BK_FP32: int = 128
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 4
+    BLOCK_NA: int = 32  # context keys per attention block
     grid: Optional[int] = None  # None: one program per SM (GPU) / 3 (interpreter)
 
 
@@ -195,11 +197,11 @@ class Drafter:
         groups = cfg.num_attention_heads // cfg.num_key_value_heads
         const = dict(
             EAGLE3=eagle3, HAS_D2T=has_d2t, SORT=not interpreting(), HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
-            BM=self.bm, BN=tn.BN, BK=min(tn.BK, _pow2(cfg.hidden_size, 16)), KP=self.kp,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=_pow2(cfg.head_dim, 16), BLOCK_G=_pow2(groups, 16),
-            BLOCK_NA=64 if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
+            BM=self.bm, BN=tn.BN, BK=min(tn.BK if not ieee else tn.BK_FP32, _pow2(cfg.hidden_size, 16)), KP=self.kp,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=_pow2(cfg.head_dim, 16), BLOCK_Q=_pow2(cfg.top_k * groups, 16),
+            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
-            num_warps=tn.num_warps, num_stages=tn.num_stages,
+            num_warps=tn.num_warps, num_stages=tn.num_stages if not ieee else min(tn.num_stages, 3),
         )
         grid = (self.grid,)
         if mode == "persistent":
