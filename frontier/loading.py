@@ -87,6 +87,18 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 _HEAD_ARCH_NAMES = {"eagle3": "LlamaForCausalLMEagle3", "eagle2": "LlamaForCausalLM"}
 
 
+def _safetensors() -> Any:
+    try:
+        import safetensors
+        import safetensors.torch  # noqa: F401
+    except ImportError:
+        raise WeightsError(
+            "reading or writing .safetensors files needs the 'safetensors' package: pip install 'frontier-eagle[hf]' "
+            "(pytorch_model.bin layouts work without it)"
+        ) from None
+    return safetensors
+
+
 def _dt(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -178,8 +190,7 @@ class CheckpointFiles:
             return self._headers[file]
         out: dict[str, TensorInfo] = {}
         if self.kind == "safetensors":
-            from safetensors import safe_open
-
+            safe_open = _safetensors().safe_open
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for key in f.keys():
@@ -247,9 +258,7 @@ class CheckpointFiles:
         """One tensor, on the CPU, as stored (a safetensors slice read or an mmap'd .bin tensor)."""
         info = self.info(key)
         if self.kind == "safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(info.file), framework="pt", device="cpu") as f:
+            with _safetensors().safe_open(str(info.file), framework="pt", device="cpu") as f:
                 return f.get_tensor(key)
         return self._load_bin(info.file)[key]
 
@@ -1371,6 +1380,7 @@ def save_draft_head(
 
     def write(file: Path, part: list[tuple[str, torch.Tensor]]) -> None:
         if format == "safetensors":
+            _safetensors()
             from safetensors.torch import save_file
 
             save_file(dict(part), str(file), metadata={"format": "pt"})
