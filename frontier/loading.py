@@ -643,8 +643,15 @@ def _plan(
                     f"head file {str(t.file)!r}: tensor {key!r} has dtype {_dt(t.dtype)}, expected a floating dtype"
                 )
         elif key not in optional:
+            bias_hint = ""
+            if key == "fc.bias":
+                said = "says" if "bias" in hf_config else "omits"
+                bias_hint = (
+                    f"; config.json {said} 'bias' (the public loader defaults to a biased fc) — if this head's fc has "
+                    'no bias, set "bias": false'
+                )
             plan.errors.append(
-                f"head {files.source}: missing tensor {key!r} (expected shape {_shape(shape)} from {where_cfg}){hint}"
+                f"head {files.source}: missing tensor {key!r} (expected shape {_shape(shape)} from {where_cfg}){hint}{bias_hint}"
             )
     if arch == "eagle2" and "lm_head.weight" in info:
         plan.strict_issues.append(
@@ -1195,6 +1202,9 @@ def describe_draft_head(
     if plan.dims is None:
         _raise_problems(plan.errors, plan.path)
     assert plan.dims is not None and plan.files is not None and plan.architecture is not None
+    stored = sorted({_dt(t.dtype) for t in plan.head_info.values() if t.dtype.is_floating_point})
+    if len(stored) > 1:
+        plan.notes.append(f"the head stores several floating dtypes ({', '.join(stored)}): load it with dtype=")
     return _describe(
         path=plan.path,
         source=plan.files.source,

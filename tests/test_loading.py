@@ -415,6 +415,7 @@ def test_mixed_dtypes_need_an_explicit_dtype(tmp_path):
     assert f"{str(path / 'model.safetensors')!r}: tensor 'norm.weight' is float16 but the rest of the head is float32; pass dtype=" in str(e.value)
     head = load_draft_head(path, dtype=torch.float32)
     assert torch.equal(head.weights.norm, w.norm.half().float())
+    assert any("several floating dtypes (float16, float32)" in m for m in describe_draft_head(path)["warnings"])
 
 
 def test_non_floating_weight_is_rejected(tmp_path):
@@ -643,6 +644,12 @@ def test_eagle2_bias_flag_must_match_the_checkpoint(tmp_path):
     _set_config(path, bias=False)
     with pytest.raises(WeightsError, match=r"unexpected tensor 'fc.bias' \[24\]"):
         load_draft_head(path, lm_head=w.lm_head)
+    _set_config(path, bias=_DELETE)
+    _rewrite(path, lambda s: {k: v for k, v in s.items() if k != "fc.bias"})
+    with pytest.raises(WeightsError, match=r"missing tensor 'fc.bias' .*config.json omits 'bias' .* set \"bias\": false"):
+        load_draft_head(path, lm_head=w.lm_head)
+    _set_config(path, bias=False)
+    load_draft_head(path, lm_head=w.lm_head)
     _set_config(path, bias=True, qkv_bias=True)
     with pytest.raises(WeightsError, match="'qkv_bias' is set"):
         load_draft_head(path, lm_head=w.lm_head)
