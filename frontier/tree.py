@@ -150,7 +150,8 @@ def select_nodes(
     total_token: int,
     top_k: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Final selection: best T-1 candidates, sorted by candidate index (SPEC step 3).
+    """Final selection: best T-1 candidates, sorted by candidate index (SPEC step 3), ties
+    broken toward the lower candidate index.
 
     cand_scores: [C] cumulative scores, C = K + D*K^2, in candidate-list order.
     cand_tokens: [C] int64 target token ids, same order.
@@ -159,8 +160,13 @@ def select_nodes(
     root_token: [1] int64.
     Returns (draft_tokens [1, T], parent_pos [T-1], node_scores [T] with the root at 0).
     """
-    chosen = torch.topk(cand_scores, total_token - 1, dim=-1).indices  # [T-1]
-    chosen = torch.sort(chosen).values  # [T-1] ascending candidate indices
+    # Best T-1 scores; equal scores rank the lower candidate index first. With distinct scores
+    # this is exactly torch.topk's choice. With ties (common in bf16, where a child's score can
+    # round to its parent's) it guarantees that a chosen node's parent, which always has a
+    # lower index and a score >= the child's, is chosen too; torch.topk may drop the parent,
+    # which leaves the parent search below pointing at the wrong node.
+    order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices  # [C]
+    chosen = torch.sort(order[: total_token - 1]).values  # [T-1] ascending candidate indices
     draft_tokens = torch.cat([root_token.reshape(1), cand_tokens[chosen]])[None]  # [1, T]
     stored = row_parents[chosen // top_k]  # [T-1]
     parent_pos = parent_positions(chosen, stored)  # [T-1]

@@ -167,8 +167,10 @@ class NaiveEagle:
             tree_rows_mask = [
                 tree_rows_mask[p] + [1 if a == b else 0 for b in range(K)] for a, p in enumerate(parent_rows)
             ]
-        all_scores = torch.cat(cand_scores_t)
-        chosen = sorted(int(x) for x in torch.topk(all_scores, T - 1).indices)
+        all_scores = torch.cat(cand_scores_t).tolist()
+        # best T-1 scores, equal scores ranked by lower candidate index (keeps parents)
+        ranked = sorted(range(len(all_scores)), key=lambda idx: (-all_scores[idx], idx))
+        chosen = sorted(ranked[: T - 1])
         draft = [root] + [cand_tokens[x] for x in chosen]
         # parent position in draft_tokens, by linear search
         par = [0]
