@@ -21,11 +21,10 @@ ids = setup.ids[0, 1:]
 VARIANTS = {
     "base": dict(),
     "w8": dict(num_warps=8),
-    "bk256s5": dict(BK=256, num_stages=5),
-    "bk1024s3": dict(BK=1024, num_stages=3),
-    "bn32": dict(BN=32),
-    "s3": dict(num_stages=3),
-    "w8bk256s6": dict(num_warps=8, BK=256, num_stages=6),
+    "sb64s3": dict(stage_bytes=65536, num_stages=3),
+    "sb16s6": dict(stage_bytes=16384, num_stages=6),
+    "sb32s5": dict(stage_bytes=32768, num_stages=5),
+    "w8sb64s3": dict(num_warps=8, stage_bytes=65536, num_stages=3),
 }
 res = {}
 ref_tokens = None

@@ -86,134 +86,84 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
-               w2_ptr, w3_ptr, N2,
-               MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """Y = X W^T streamed over the grid, then MODE 0: store; 1: + residual (rounded as
-    ``res + round(XW^T)``); 2: + bias; 4: QKV (rows [0, N) of W, then N2 rows of w2, N2 of w3,
-    written side by side).
-
-    The program's (tile, k-chunk) iterations form ONE flat loop, so the software pipeline keeps
-    weight loads in flight across tile boundaries (no drain/refill bubble per tile).
-    """
+               w2_ptr, w3_ptr, N2, RP,
+               MODE: tl.constexpr, BM: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
+    streamed once through a pipelined k-loop for all the activation rows (tiles of BM rows), so
+    every weight byte is read once per call of the phase and the few activation rows are re-read
+    (from L2) once per slab. MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``);
+    2: + bias; 4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
     DT = y_ptr.dtype.element_ty
     if MODE == 4:
-        t1 = tl.cdiv(N, BN)
-        t2 = tl.cdiv(N2, BN)
-        n_tiles = t1 + 2 * t2
+        NT = N + 2 * N2
     else:
-        t1 = tl.cdiv(N, BN)
-        t2 = 0
-        n_tiles = t1
-    m_tiles = tl.cdiv(M, BM)
-    total = n_tiles * m_tiles
-    my = tl.cdiv(total - pid, nprog)
-    k_iters = tl.cdiv(Kd, BK)
+        NT = N
+    rp = tl.arange(0, BNP)
+    rr = pid * RP + rp
+    rmask = (rp < RP) & (rr < NT)
+    if MODE == 4:
+        wrow = tl.where(rr < N, w_ptr + rr * Kd,
+                        tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
+    else:
+        wrow = w_ptr + rr * Kd
     rk = tl.arange(0, BK)
-    rbn = tl.arange(0, BN)
     rbm = tl.arange(0, BM)
-    acc = tl.zeros([BN, BM], dtype=tl.float32)
-    ki = k_iters - 1
-    t = pid - nprog
-    wbase = w_ptr
-    n0 = 0
-    nrows = N
-    col0 = 0
-    m0 = 0
-    for _it in range(0, my * k_iters):
-        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
-        if ki == 0:
-            t += nprog
-            mt = t // n_tiles
-            j = t - mt * n_tiles
-            m0 = mt * BM
-            if MODE == 4:
-                if j < t1:
-                    wbase = w_ptr
-                    n0 = j * BN
-                    nrows = N
-                    col0 = 0
-                elif j < t1 + t2:
-                    wbase = w2_ptr
-                    n0 = (j - t1) * BN
-                    nrows = N2
-                    col0 = N
-                else:
-                    wbase = w3_ptr
-                    n0 = (j - t1 - t2) * BN
-                    nrows = N2
-                    col0 = N + N2
-            else:
-                n0 = j * BN
-        kk = ki * BK + rk
-        rn = n0 + rbn
+    for m0 in range(0, M, BM):
         rm = m0 + rbm
-        w = tl.load(wbase + rn[:, None] * Kd + kk[None, :], mask=(rn[:, None] < nrows) & (kk[None, :] < Kd), other=0.0)
-        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
-        if IEEE:
-            acc = tl.dot(w, x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x, acc)
-        if ki == k_iters - 1:
-            msk = (rn[:, None] < nrows) & (rm[None, :] < M)
-            if MODE == 1:
-                r = tl.load(res_ptr + rm[None, :] * res_stride + rn[:, None], mask=msk, other=0.0).to(tl.float32)
-                out = (acc.to(DT).to(tl.float32) + r).to(DT)
-            elif MODE == 2:
-                b = tl.load(b_ptr + rn, mask=rn < nrows, other=0.0).to(tl.float32)
-                out = (acc + b[:, None]).to(DT)
+        acc = tl.zeros([BNP, BM], dtype=tl.float32)
+        for k0 in range(0, Kd, BK):
+            kk = k0 + rk
+            w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
+            x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
+                        other=0.0)
+            if IEEE:
+                acc = tl.dot(w, x, acc, input_precision="ieee")
             else:
-                out = acc.to(DT)
-            tl.store(y_ptr + rm[None, :] * y_stride + col0 + rn[:, None], out, mask=msk)
-            acc = tl.zeros([BN, BM], dtype=tl.float32)
+                acc = tl.dot(w, x, acc)
+        msk = rmask[:, None] & (rm[None, :] < M)
+        if MODE == 1:
+            r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0).to(tl.float32)
+            out = (acc.to(DT).to(tl.float32) + r).to(DT)
+        elif MODE == 2:
+            b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
+            out = (acc + b[:, None]).to(DT)
+        else:
+            out = acc.to(DT)
+        tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
 
 
 @triton.jit
-def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
+               BM: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
-    Gate and up rows of one tile stream in the same flat loop (two loads, two accumulators)."""
+    One slab of RP rows of both matrices per program, streamed in the same k-loop."""
     DT = y_ptr.dtype.element_ty
-    n_tiles = tl.cdiv(N, BN)
-    total = n_tiles * tl.cdiv(M, BM)
-    my = tl.cdiv(total - pid, nprog)
-    k_iters = tl.cdiv(Kd, BK)
+    rp = tl.arange(0, BNP)
+    rr = pid * RP + rp
+    rmask = (rp < RP) & (rr < N)
     rk = tl.arange(0, BK)
-    rbn = tl.arange(0, BN)
     rbm = tl.arange(0, BM)
-    acc_g = tl.zeros([BN, BM], dtype=tl.float32)
-    acc_u = tl.zeros([BN, BM], dtype=tl.float32)
-    ki = k_iters - 1
-    t = pid - nprog
-    n0 = 0
-    m0 = 0
-    for _it in range(0, my * k_iters):
-        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
-        if ki == 0:
-            t += nprog
-            mt = t // n_tiles
-            n0 = (t - mt * n_tiles) * BN
-            m0 = mt * BM
-        kk = ki * BK + rk
-        rn = n0 + rbn
+    for m0 in range(0, M, BM):
         rm = m0 + rbm
-        wmask = (rn[:, None] < N) & (kk[None, :] < Kd)
-        wg = tl.load(wg_ptr + rn[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-        wu = tl.load(wu_ptr + rn[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
-        if IEEE:
-            acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
-            acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
-        else:
-            acc_g = tl.dot(wg, x, acc_g)
-            acc_u = tl.dot(wu, x, acc_u)
-        if ki == k_iters - 1:
-            g = acc_g.to(DT).to(tl.float32)
-            u = acc_u.to(DT).to(tl.float32)
-            sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
-            msk = (rn[:, None] < N) & (rm[None, :] < M)
-            tl.store(y_ptr + rm[None, :] * N + rn[:, None], (sg * u).to(DT), mask=msk)
-            acc_g = tl.zeros([BN, BM], dtype=tl.float32)
-            acc_u = tl.zeros([BN, BM], dtype=tl.float32)
+        acc_g = tl.zeros([BNP, BM], dtype=tl.float32)
+        acc_u = tl.zeros([BNP, BM], dtype=tl.float32)
+        for k0 in range(0, Kd, BK):
+            kk = k0 + rk
+            wmask = rmask[:, None] & (kk[None, :] < Kd)
+            wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+            wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+            x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+            if IEEE:
+                acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
+                acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
+            else:
+                acc_g = tl.dot(wg, x, acc_g)
+                acc_u = tl.dot(wu, x, acc_u)
+        g = acc_g.to(DT).to(tl.float32)
+        u = acc_u.to(DT).to(tl.float32)
+        sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+        msk = rmask[:, None] & (rm[None, :] < M)
+        tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=msk)
 
 
 @triton.jit
@@ -376,63 +326,41 @@ def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
 
 
 @triton.jit
-def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr,
-               BM: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, SORT: tl.constexpr):
-    """lm_head with a streaming top-KP per row, plus the running max and sum of exp for the
-    log-softmax. Each program writes its partial (keys [BM, KP], max [BM], sum [BM]) to its
-    slot; the [rows, V] logits never reach memory. Vocabulary tiles are KP rows wide so that
-    the running list and a tile join into one [BM, 2KP] block that a bitonic sort ranks.
-    Like _ph_linear, the (tile, k-chunk) iterations form one flat pipelined loop."""
+def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP,
+               BM: tl.constexpr, KP: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """lm_head over one slab of RP vocabulary rows per program, then in registers: the slab's
+    max and sum of exp per row (for the log-softmax) and its top-KP logits per row as ranking
+    keys. Each program writes only that partial (keys [BM, KP], max [BM], sum [BM]) to its slot:
+    the [rows, V] logits never reach memory."""
     DT = x_ptr.dtype.element_ty
     rm = tl.arange(0, BM)
-    rbn = tl.arange(0, KP)
+    rp = tl.arange(0, BNP)
+    rr = pid * RP + rp
+    rmask = (rp < RP) & (rr < V)
     rk = tl.arange(0, BK)
-    lst = tl.full([BM, KP], KEY_NONE, tl.int64)
-    rmax = tl.full([BM], float("-inf"), tl.float32)
-    rsum = tl.zeros([BM], tl.float32)
-    n_tiles = tl.cdiv(V, KP)
-    my = tl.cdiv(n_tiles - pid, nprog)
-    k_iters = tl.cdiv(Kd, BK)
-    acc = tl.zeros([KP, BM], dtype=tl.float32)
-    ki = k_iters - 1
-    t = pid - nprog
-    for _it in range(0, my * k_iters):
-        ki = tl.where(ki == k_iters - 1, 0, ki + 1)
-        if ki == 0:
-            t += nprog
-        kk = ki * BK + rk
-        rn = t * KP + rbn
-        w = tl.load(w_ptr + rn[:, None] * Kd + kk[None, :], mask=(rn[:, None] < V) & (kk[None, :] < Kd), other=0.0)
+    acc = tl.zeros([BNP, BM], dtype=tl.float32)
+    for k0 in range(0, Kd, BK):
+        kk = k0 + rk
+        w = tl.load(w_ptr + rr[:, None] * Kd + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
         x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
         if IEEE:
             acc = tl.dot(w, x, acc, input_precision="ieee")
         else:
             acc = tl.dot(w, x, acc)
-        if ki == k_iters - 1:
-            logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, KP]
-            valid = (rn < V)[None, :] & (rm < M)[:, None]
-            logit = tl.where(valid, logit, float("-inf"))
-            nm = tl.maximum(rmax, tl.max(logit, axis=1))
-            nm_safe = tl.where(nm == float("-inf"), 0.0, nm)
-            rsum = rsum * tl.exp(rmax - nm_safe) + tl.sum(tl.exp(logit - nm_safe[:, None]), axis=1)
-            rmax = nm
-            key = tl.where(valid, _key(logit, rn[None, :]), KEY_NONE)
-            if SORT:
-                both = tl.reshape(tl.join(lst, key), (BM, 2 * KP))
-                both = tl.sort(both, dim=1, descending=True)
-                top, _rest = tl.split(tl.permute(tl.reshape(both, (BM, 2, KP)), (0, 2, 1)))
-                lst = top
-            else:  # KP rounds of "take the larger head" (same result; fast under the interpreter)
-                col = tl.arange(0, KP)[None, :]
-                top = tl.full([BM, KP], KEY_NONE, tl.int64)
-                for s in tl.static_range(KP):
-                    best = tl.maximum(tl.max(lst, axis=1), tl.max(key, axis=1))[:, None]
-                    top = tl.where(col == s, best, top)
-                    lst = tl.where(lst == best, KEY_NONE, lst)
-                    key = tl.where(key == best, KEY_NONE, key)
-                lst = top
-            acc = tl.zeros([KP, BM], dtype=tl.float32)
-    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + rbn[None, :], lst)
+    logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, BNP]
+    valid = rmask[None, :] & (rm < M)[:, None]
+    logit = tl.where(valid, logit, float("-inf"))
+    rmax = tl.max(logit, axis=1)
+    safe = tl.where(rmax == float("-inf"), 0.0, rmax)
+    rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
+    key = tl.where(valid, _key(logit, rr[None, :]), KEY_NONE)
+    col = tl.arange(0, KP)[None, :]
+    top = tl.full([BM, KP], KEY_NONE, tl.int64)
+    for j in tl.static_range(KP):  # KP rounds of the row max: the slab's top-KP, ranked
+        best = tl.max(key, axis=1)[:, None]
+        top = tl.where(col == j, best, top)
+        key = tl.where(key == best, KEY_NONE, key)
+    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + col, top)
     tl.store(max_ptr + pid * BM + rm, rmax)
     tl.store(sum_ptr + pid * BM + rm, rsum)
 
@@ -531,22 +459,18 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
 
 @triton.jit
 def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
-              out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C: tl.constexpr, SORT: tl.constexpr):
+              out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C: tl.constexpr):
     """One program: top-(T-1) of the C candidates (ties to the lower index), in ascending
     candidate order; tokens, scores and parent positions (searchsorted semantics)."""
     rc = tl.arange(0, BLOCK_C)
     cm = rc < C
     cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0)
     keys = tl.where(cm, _key(cs, rc), KEY_NONE)
-    if SORT:
-        srt = tl.sort(keys, dim=0, descending=True)
-        thr = tl.max(tl.where(rc == T - 2, srt, KEY_NONE), axis=0)
-    else:
-        rest = keys
+    rest = keys
+    thr = tl.max(rest, axis=0)
+    for _j in range(T - 1):  # the (T-1)-th largest key is the selection threshold
         thr = tl.max(rest, axis=0)
-        for _j in range(T - 1):
-            thr = tl.max(rest, axis=0)
-            rest = tl.where(rest == thr, KEY_NONE, rest)
+        rest = tl.where(rest == thr, KEY_NONE, rest)
     chosen = (keys >= thr) & cm
     ch = chosen.to(tl.int32)
     incl = tl.cumsum(ch, axis=0)
@@ -570,20 +494,22 @@ def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
-    """Bounded device-wide barrier. sync_ptr[0] counts arrivals, sync_ptr[1] is the error flag.
-    A program that waits MAX_SPIN polls without seeing every arrival sets the flag and goes on;
-    every later barrier sees the flag and returns at once, and the launcher raises."""
+    """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program),
+    waiting programs poll it with volatile loads (no read-modify-write traffic on the line),
+    then one acquire atomic orders what follows. A program that polls MAX_SPIN times without
+    seeing every arrival sets the error flag sync_ptr[1] and adds 2^30 to the counter, which
+    releases every waiter of this and all later barriers at once; the launcher then raises."""
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-    cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-    err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+    cur = tl.load(sync_ptr, volatile=True)
     spins = cur * 0
-    while (cur < target) & (err == 0) & (spins < MAX_SPIN):
-        cur = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-        err = tl.atomic_add(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+    while (cur < target) & (spins < MAX_SPIN):
+        cur = tl.load(sync_ptr, volatile=True)
         spins += 1
-    if (cur < target) & (err == 0):
+    if cur < target:
         tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
+        tl.atomic_add(sync_ptr, 1 << 30, sem="relaxed", scope="gpu")
+    tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -606,10 +532,14 @@ def drafter_kernel(
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     # sizes
     n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, max_len, SK, eps, sqrt_d,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
-    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, SORT: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr,
+    BM: tl.constexpr, KP: tl.constexpr,
+    BNP_FC: tl.constexpr, BK_FC: tl.constexpr, BNP_QKV: tl.constexpr, BK_QKV: tl.constexpr,
+    BNP_O: tl.constexpr, BK_O: tl.constexpr, BNP_GU: tl.constexpr, BK_GU: tl.constexpr,
+    BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -630,14 +560,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, n_new, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, 0, BM, BN, BK, IEEE)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNP_FC, BK_FC, IEEE)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, 2, BM, BN, BK, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNP_FC, BK_FC, IEEE)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, 0, BM, BN, BK, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNP_FC, BK_FC, IEEE)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -655,10 +585,10 @@ def drafter_kernel(
         elif ph == 4:  # PH_QKV
             if EAGLE3:
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, 4, BM, BN, BK, IEEE)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNP_QKV, BK_QKV, IEEE)
             else:
                 _ph_linear(pid, nprog, hcur_ptr, H, m_in, wq_ptr, NQ, H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, 4, BM, BN, BK, IEEE)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNP_QKV, BK_QKV, IEEE)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope(pid, nprog, n_new, qkv_ptr, qr_ptr, n_new - 1, ck_ptr, cv_ptr, max_len * HD, c_len,
@@ -678,21 +608,21 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn)
             res_row = tl.where(is_ctx, n_new - 1, 0)
             _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr + res_row * H, H, fcb_ptr,
-                       wo_ptr, wo_ptr, 0, 1, BM, BN, BK, IEEE)
+                       wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNP_O, BK_O, IEEE)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, BM, BN, BK, IEEE)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNP_GU, BK_GU, IEEE)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                       wd_ptr, wd_ptr, 0, 1, BM, BN, BK, IEEE)
+                       wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNP_D, BK_D, IEEE)
         elif ph == 11:  # PH_NORM_F
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
         elif ph == 12:  # PH_LMHEAD
             if EAGLE3:
-                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, BM, KP, BK, IEEE, SORT)
+                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE)
             else:
-                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, BM, KP, BK, IEEE, SORT)
+                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
                       BM, KP, BLOCK_P, DT)
@@ -709,6 +639,6 @@ def drafter_kernel(
         elif ph == 15:  # PH_FINAL
             if pid == 0:
                 _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
-                          out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C, SORT)
+                          out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)

@@ -62,16 +62,29 @@ def build_schedule(architecture: str, depth: int) -> list[int]:
 
 @dataclass
 class Tuning:
-    """Block sizes and launch shape (compile-time constants of the kernel)."""
+    """Block sizes and launch shape (compile-time constants of the kernel).
+
+    Each weight-streaming phase gives every program one slab of ``ceil(N / grid)`` rows (rounded
+    up to 16); its k-chunk is sized so that one pipeline stage holds about ``stage_bytes`` of
+    weights.
+    """
 
     BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
-    BN: int = 16  # weight rows per tile
-    BK: int = 512  # reduction chunk (2-byte dtypes; fp32 uses BK_FP32)
-    BK_FP32: int = 128
+    stage_bytes: int = 32768
     num_warps: int = 4
     num_stages: int = 4
     BLOCK_NA: int = 32  # context keys per attention block
-    grid: Optional[int] = None  # None: one program per SM (GPU) / 3 (interpreter)
+    grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
+
+
+def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning) -> tuple[int, int, int]:
+    """(rows per program RP, row block BNP, k-chunk BK) of a weight-streaming phase."""
+    per = -(-n_rows // grid)
+    rp = max(16, -(-per // 16) * 16)
+    bnp = _pow2(rp, 16)
+    bk = tn.stage_bytes // (bnp * elsize * n_mats)
+    bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
+    return rp, bnp, bk
 
 
 class Workspace:
@@ -195,13 +208,26 @@ class Drafter:
             ws.C, cfg.total_token, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
         ]
         groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
+        nq, nkv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        attn_in = 2 * h if eagle3 else h
+        fc_in = cfg.feature_size if eagle3 else 2 * h
+        rp_fc, bnp_fc, bk_fc = slab(h, fc_in, g, el, 1, tn)
+        rp_qkv, bnp_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn)
+        rp_o, bnp_o, bk_o = slab(h, nq, g, el, 1, tn)
+        rp_gu, bnp_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn)
+        rp_d, bnp_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn)
+        rp_lm, bnp_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn)
+        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm]
         const = dict(
-            EAGLE3=eagle3, HAS_D2T=has_d2t, SORT=not interpreting(), HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
-            BM=self.bm, BN=tn.BN, BK=min(tn.BK if not ieee else tn.BK_FP32, _pow2(cfg.hidden_size, 16)), KP=self.kp,
+            EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
+            BM=self.bm, KP=self.kp,
+            BNP_FC=bnp_fc, BK_FC=bk_fc, BNP_QKV=bnp_qkv, BK_QKV=bk_qkv, BNP_O=bnp_o, BK_O=bk_o,
+            BNP_GU=bnp_gu, BK_GU=bk_gu, BNP_D=bnp_d, BK_D=bk_d, BNP_LM=bnp_lm, BK_LM=bk_lm,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=_pow2(cfg.head_dim, 16), BLOCK_Q=_pow2(cfg.top_k * groups, 16),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
-            num_warps=tn.num_warps, num_stages=tn.num_stages if not ieee else min(tn.num_stages, 3),
+            num_warps=tn.num_warps, num_stages=tn.num_stages,
         )
         grid = (self.grid,)
         if mode == "persistent":
