@@ -9,6 +9,7 @@ from .api import DraftRequest, frontier_generate
 from .batch import BatchDraftCache, frontier_generate_batch
 from .cache import DraftCache
 from .config import FrontierConfig
+from .eagle_patch import patch_ea_model_with_triton_drafter, unpatch_ea_model
 from .errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -21,6 +22,7 @@ from .errors import (
     RegistryError,
     WeightsError,
 )
+from .generation import GenerationResult, GenerationStats, SpeculativeGenerator, generate
 from .loading import DraftHead, load_draft_head
 from .registry import Backend, available_backends, backend_report, get_backend, register_backend, unregister_backend
 from .result import Frontier
@@ -29,6 +31,12 @@ from .weights import DraftWeights, LayerWeights
 __version__ = "0.1.0"
 
 __all__ = [
+    "generate",
+    "SpeculativeGenerator",
+    "GenerationResult",
+    "GenerationStats",
+    "patch_ea_model_with_triton_drafter",
+    "unpatch_ea_model",
     "FrontierConfig",
     "Frontier",
     "frontier_generate",

@@ -3,6 +3,7 @@ feature plumbing, stopping rules, stats and bad inputs (CPU, tiny random models,
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -64,8 +65,22 @@ def _reference(target, ids, n, **kw):
     return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
 
 
+def interpreted(backend: str) -> bool:
+    """Triton kernels under TRITON_INTERPRET=1 (CPU CI) take seconds per draft call."""
+    return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _weights_for(backend, w):
     return w if getattr(frontier.get_backend(backend), "requires_weights", False) else None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,7 +144,10 @@ def oracle():
 def test_greedy_lossless_every_backend(pair, tree, backend_name):
     target, _, _ = pair
     cfg, w = _head(target, *tree, seed=3 + tree[0])
-    for seed, (plen, n) in enumerate([(1, 9), (6, 23), (13, 17)]):
+    cases = [(1, 9), (6, 23), (13, 17)]
+    if interpreted(backend_name):
+        cases = [(6, 4), (1, 3)] if tree == TREES[0] else [(6, 4)]
+    for seed, (plen, n) in enumerate(cases):
         ids = _prompt(100 * seed + tree[0], plen)
         ref = _reference(target, ids, n)
         out = generate(target, ids, cfg=cfg, weights=_weights_for(backend_name, w), backend=backend_name, max_new_tokens=n)
