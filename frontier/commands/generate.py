@@ -1,0 +1,223 @@
+"""``frontier generate``: speculative generation with a Hugging Face target and an EAGLE head.
+
+    frontier generate --random-tiny --backend torch_ref --max-new-tokens 64
+    frontier generate --target ./llama-3.1-8b-instruct --head ./eagle3-head --prompt "Hello" --dtype bf16 --device cuda
+
+Prints the generated text (or tokens) and the stats table. ``--compare`` also runs
+``target.generate`` (greedy) and reports whether the outputs are identical and its tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "generate",
+        help="speculative generation with a Hugging Face target + EAGLE head (or --random-tiny, no downloads)",
+        description="Lossless EAGLE speculative generation: draft a tree with a frontier backend, verify it in one "
+        "target forward, accept, repeat. Greedy output equals target.generate(do_sample=False).",
+    )
+    src = p.add_argument_group("models")
+    src.add_argument("--target", default=None, help="local Hugging Face causal-LM directory (Llama family)")
+    src.add_argument("--head", default=None, help="local EAGLE-3/EAGLE-2 draft-head directory")
+    src.add_argument("--random-tiny", action="store_true", help="random tiny Llama target + random EAGLE-3 head (CPU ok)")
+    src.add_argument(
+        "--random", default=None, metavar="PRESET", help="random target + head of a preset size: tiny, small, large"
+    )
+    src.add_argument("--seed", type=int, default=0, help="seed for random models and for sampling")
+    inp = p.add_argument_group("input")
+    inp.add_argument("--prompt", default=None, help="prompt text (needs the target's tokenizer)")
+    inp.add_argument("--input-ids", default=None, help="comma-separated prompt token ids")
+    inp.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--backend", default="torch_ref", help="draft backend (default torch_ref)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--max-length", type=int, default=None, help="stop when prompt + new tokens reach this")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless vs target.generate)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off); the tree's K is --tree-top-k")
+    gen.add_argument("--total-token", type=int, default=None, help="tree size T incl. the root (default 60; 16 random)")
+    gen.add_argument("--depth", type=int, default=None, help="tree depth D (default 5; 4 random)")
+    gen.add_argument("--tree-top-k", type=int, default=None, help="tree branching K (default 10; 4 random)")
+    gen.add_argument("--no-eos", action="store_true", help="ignore EOS (always run to --max-new-tokens)")
+    gen.add_argument("--stop-token-ids", default=None, help="comma-separated extra stop token ids")
+    run_g = p.add_argument_group("runtime")
+    run_g.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    run_g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on cpu, bf16 on cuda")
+    run_g.add_argument("--compare", action="store_true", help="also run target.generate (greedy) and compare")
+    run_g.add_argument("--warmup", action="store_true", help="run once untimed first (kernel compilation, caches)")
+    run_g.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    run_g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run)
+    return p
+
+
+def _ids(text: str, what: str) -> list[int]:
+    from ..errors import InputError
+
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise InputError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+class Progress:
+    """A one-line progress display on stderr (tokens, tokens/s, mean accepted length)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, tokens, stats) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        n = tokens.shape[1]
+        if now - self.last < 0.1 and n < self.total:
+            return
+        self.last = now
+        rate = n / max(now - self.t0, 1e-9)
+        width = 24
+        done = int(width * n / max(self.total, 1))
+        bar = "#" * done + "." * (width - done)
+        sys.stderr.write(
+            f"\r[{bar}] {n}/{self.total} tokens  {rate:7.1f} tok/s  accepted {stats.mean_accepted_length:.2f}/verify"
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..errors import InputError
+    from ..generation import SpeculativeGenerator, random_pair
+
+    preset = "tiny" if args.random_tiny else args.random
+    if preset and (args.target or args.head):
+        raise InputError("--random-tiny/--random build their own models; drop --target/--head")
+    if not preset and not (args.target and args.head):
+        raise InputError("give --target DIR and --head DIR (local checkpoints), or --random-tiny for a self-contained run")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")])
+    tokenizer = None
+
+    if preset:
+        tree = dict(
+            total_token=args.total_token or 16, depth=args.depth or 4, top_k=args.tree_top_k or 4
+        )
+        target, cfg, weights = random_pair(preset, seed=args.seed, dtype=dtype, device=device, **tree)
+        source = f"random {preset} Llama target ({target.config.num_hidden_layers} layers, hidden {target.config.hidden_size}) + random EAGLE-3 head"
+    else:
+        from transformers import AutoModelForCausalLM
+
+        from ..loading import load_draft_head
+
+        target = AutoModelForCausalLM.from_pretrained(
+            args.target, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
+        ).to(device).eval()
+        head = load_draft_head(args.head, target=target, dtype=dtype, device=device)
+        cfg = head.config(total_token=args.total_token or 60, depth=args.depth or 5, top_k=args.tree_top_k or 10)
+        weights = head.weights
+        source = f"{args.target} + {args.head}"
+        if args.prompt is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+
+    if args.input_ids is not None:
+        prompt = torch.tensor([_ids(args.input_ids, "--input-ids")], dtype=torch.long)
+    elif args.prompt is not None:
+        if tokenizer is None:
+            raise InputError("--prompt needs a tokenizer (a --target directory); with random models use --input-ids")
+        if args.chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False, add_generation_prompt=True)
+            prompt = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+        else:
+            prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
+    elif preset:
+        g = torch.Generator().manual_seed(args.seed)
+        prompt = torch.randint(3, target.config.vocab_size, (1, 16), generator=g)
+    else:
+        raise InputError("give --prompt TEXT or --input-ids 1,2,3")
+    prompt = prompt.to(device)
+
+    gen = SpeculativeGenerator(target, cfg, weights, backend=args.backend)
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        max_length=args.max_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop_token_ids=_ids(args.stop_token_ids, "--stop-token-ids") if args.stop_token_ids else None,
+        seed=args.seed,
+    )
+    if args.no_eos or preset:
+        kwargs["eos_token_id"] = None  # random models have no meaningful EOS
+    if args.warmup:
+        gen.generate(prompt, **{**kwargs, "max_new_tokens": min(8, args.max_new_tokens)})
+    show = not args.no_progress and not args.json and sys.stderr.isatty()
+    progress = Progress(args.max_new_tokens, show)
+    try:
+        out = gen.generate(prompt, callback=progress, **kwargs)
+    finally:
+        progress.close()
+
+    report: dict = {"source": source, "backend": args.backend, "stats": out.stats.to_dict()}
+    new = out.new_tokens[0].tolist()
+    report["new_token_ids"] = new
+    if tokenizer is not None:
+        report["text"] = tokenizer.decode(new, skip_special_tokens=False)
+    if args.compare:
+        if args.temperature > 1e-5:
+            raise InputError("--compare checks greedy losslessness; drop --temperature")
+        eos = kwargs.get("eos_token_id", "default")
+        gkw = {} if eos == "default" else {"eos_token_id": eos}
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ref = target.generate(
+                prompt, do_sample=False, max_new_tokens=out.sequences.shape[1] - prompt.shape[1] if args.max_length else args.max_new_tokens,
+                pad_token_id=getattr(target.config, "pad_token_id", None) or 0, **gkw,
+            )
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        n_ref = ref.shape[1] - prompt.shape[1]
+        report["compare"] = {
+            "identical": bool(torch.equal(ref.to(out.sequences.device), out.sequences)),
+            "target_generate_tokens_per_s": n_ref / dt if dt > 0 else 0.0,
+            "speedup": (out.stats.tokens_per_second / (n_ref / dt)) if dt > 0 and n_ref else 0.0,
+        }
+    if args.json:
+        print(json.dumps(report))
+        return 0 if report.get("compare", {}).get("identical", True) else 1
+    print(f"frontier generate: {source}")
+    print(f"prompt: {prompt.shape[1]} tokens")
+    if "text" in report:
+        print("text:", report["text"])
+    print("new tokens:", " ".join(str(t) for t in new))
+    print()
+    print(out.stats.table())
+    if "compare" in report:
+        c = report["compare"]
+        print(
+            f"\ntarget.generate (greedy): identical={c['identical']}  {c['target_generate_tokens_per_s']:.1f} tok/s  "
+            f"speedup x{c['speedup']:.2f}"
+        )
+        if not c["identical"]:
+            return 1
+    return 0
