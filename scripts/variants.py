@@ -10,6 +10,7 @@ ap.add_argument("--preset", default="eagle3-llama3.1-8b")
 ap.add_argument("--depth", type=int, default=7)
 ap.add_argument("--variants", default="base")
 ap.add_argument("--json", default=None)
+ap.add_argument("--timing", action="store_true")
 a = ap.parse_args()
 dev = torch.device("cuda")
 bw = copy_bandwidth(dev)
@@ -58,6 +59,26 @@ for name in a.variants.split(","):
             if ref_tokens is None:
                 ref_tokens = toks
             res[name] = ms
+            if mode == "persistent" and a.timing:
+                from frontier.backends.triton import kernels as K_
+                names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
+                runs = []
+                for _ in range(7):
+                    setup.cache.truncate(setup.c)
+                    d.run(setup.weights, setup.features[0], ids[setup.c:], setup.ids[0, -1:], setup.cache, setup.c,
+                          case.new_rows, mode, timing=True)
+                    torch.cuda.synchronize()
+                    runs.append(d.step_times_us())
+                med = [statistics.median(x) for x in zip(*runs)]
+                per = {}
+                for code, us in zip(d.schedule.tolist(), med):
+                    ph, i = divmod(code, 256)
+                    key = ("ctx " if i == 255 else "") + names.get(ph, str(ph))
+                    per[key] = per.get(key, 0.0) + us
+                tot = sum(per.values())
+                print(f"    in-kernel breakdown (us, summed over depths; barrier included), total {tot:.0f} us:")
+                for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+                    print(f"      {k:14s} {v:8.1f}  {100*v/tot:5.1f}%")
             print(f"  {name:12s} {mode:10s} {ms:7.3f} ms  {100*floor/ms:5.1f}% floor  (first call {comp:.1f}s) same-tokens={toks == ref_tokens}", flush=True)
         except Exception:
             traceback.print_exc()

@@ -73,7 +73,7 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     """RMSNorm of one row as the reference computes it: fp32, cast, then the weight multiply."""
     rh = tl.arange(0, BLOCK_H)
     hm = rh < H
-    x = tl.load(x_ptr + rh, mask=hm, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
     var = tl.math.div_rn(tl.sum(x * x, axis=0), H.to(tl.float32))
     rstd = tl.math.div_rn(var * 0.0 + 1.0, tl.sqrt_rn(var + eps))
     y = (x * rstd).to(DT).to(tl.float32)
@@ -115,14 +115,14 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
             kk = k0 + rk
             w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
             x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                        other=0.0)
+                        other=0.0, cache_modifier=".cg")
             if IEEE:
                 acc = tl.dot(w, x, acc, input_precision="ieee")
             else:
                 acc = tl.dot(w, x, acc)
         msk = rmask[:, None] & (rm[None, :] < M)
         if MODE == 1:
-            r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0).to(tl.float32)
+            r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0, cache_modifier=".cg").to(tl.float32)
             out = (acc.to(DT).to(tl.float32) + r).to(DT)
         elif MODE == 2:
             b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
@@ -152,7 +152,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             wmask = rmask[:, None] & (kk[None, :] < Kd)
             wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
             wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-            x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+            x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
             if IEEE:
                 acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
                 acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
@@ -176,17 +176,17 @@ def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hc
     rh = tl.arange(0, BLOCK_H)
     hm = rh < H
     for m in range(pid, M, nprog):
-        tok = tl.load(tok_ptr + m)
+        tok = tl.load(tok_ptr + m, cache_modifier=".cg")
         tok = tl.minimum(tl.maximum(tok, 0), Vt - 1)
         if GATHER:
-            src = tl.load(src_ptr + m)
+            src = tl.load(src_ptr + m, cache_modifier=".cg")
             src = tl.minimum(tl.maximum(src, 0), M - 1)
             h_row = hsrc_ptr + src * hsrc_stride
         else:
             h_row = hsrc_ptr + m * hsrc_stride
         if EAGLE3:
             if GATHER:
-                h = tl.load(h_row + rh, mask=hm, other=0.0)
+                h = tl.load(h_row + rh, mask=hm, other=0.0, cache_modifier=".cg")
                 tl.store(hcur_ptr + m * H + rh, h, mask=hm)
                 tl.debug_barrier()
             xe = _rms_row(emb_ptr + tok * H, ln_in_ptr, H, eps, BLOCK_H, DT)
@@ -195,7 +195,7 @@ def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hc
             tl.store(xin_ptr + m * 2 * H + H + rh, xh, mask=hm)
         else:
             e = tl.load(emb_ptr + tok * H + rh, mask=hm, other=0.0)
-            h = tl.load(h_row + rh, mask=hm, other=0.0)
+            h = tl.load(h_row + rh, mask=hm, other=0.0, cache_modifier=".cg")
             tl.store(xin_ptr + m * 2 * H + rh, e.to(DT), mask=hm)
             tl.store(xin_ptr + m * 2 * H + H + rh, h.to(DT), mask=hm)
 
@@ -229,8 +229,8 @@ def _ph_rope(pid, nprog, M, qkv_ptr, qr_ptr, q_row0, kd_ptr, vd_ptr, kv_head_str
         c = tl.load(cos_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
         base = qkv_ptr + m * width + hh * HD
-        x = tl.load(base + rd, mask=dm, other=0.0).to(tl.float32)
-        xr = tl.load(base + rot, mask=dm, other=0.0).to(tl.float32) * sign
+        x = tl.load(base + rd, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
+        xr = tl.load(base + rot, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
         y = ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
         if hh < NH:
             if m >= q_row0:
@@ -238,7 +238,7 @@ def _ph_rope(pid, nprog, M, qkv_ptr, qr_ptr, q_row0, kd_ptr, vd_ptr, kv_head_str
         else:
             g = hh - NH
             tl.store(kd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, y, mask=dm)
-            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0)
+            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0, cache_modifier=".cg")
             tl.store(vd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, v, mask=dm)
 
 
@@ -250,7 +250,7 @@ def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.conste
     rj = j0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     k = tl.load(ck_ptr + g * c_head_stride + rj[None, :] * HD + rd[:, None],
-                mask=(rd[:, None] < HD) & (rj[None, :] < nctx), other=0.0)
+                mask=(rd[:, None] < HD) & (rj[None, :] < nctx), other=0.0, cache_modifier=".cg")
     if IEEE:
         s = tl.dot(q, k, input_precision="ieee")
     else:
@@ -264,9 +264,9 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
                  DT: tl.constexpr, BLOCK_D: tl.constexpr):
     """Score [BLOCK_Q] of each query against its row's a-th ancestor slot (gathered keys)."""
     rd = tl.arange(0, BLOCK_D)
-    slot = tl.load(anc_ptr + r_of * anc_stride + a, mask=qmask, other=0)
+    slot = tl.load(anc_ptr + r_of * anc_stride + a, mask=qmask, other=0, cache_modifier=".cg")
     kt = tl.load(tk_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                 mask=qmask[:, None] & (rd[None, :] < HD), other=0.0)
+                 mask=qmask[:, None] & (rd[None, :] < HD), other=0.0, cache_modifier=".cg")
     sa = tl.sum(q.to(tl.float32) * kt.to(tl.float32), axis=1)
     sa = tl.math.div_rn(sa.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
     return sa, slot
@@ -291,7 +291,7 @@ def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
     dm = rd < HD
     for g in range(pid, NKV, nprog):
         qoff = r_of * NH * HD + (g * G + hl) * HD
-        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0)
+        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         for j0 in range(0, nctx, BLOCK_N):
@@ -310,7 +310,7 @@ def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
             s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
             p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
             v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
-                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0)
+                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
             if IEEE:
                 acc = tl.dot(p, v, acc, input_precision="ieee")
             else:
@@ -320,7 +320,7 @@ def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
                                     DT, BLOCK_D)
             pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
             vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                         mask=qmask[:, None] & dm[None, :], other=0.0).to(tl.float32)
+                         mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
             acc += pa[:, None] * vt
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
 
@@ -342,7 +342,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     for k0 in range(0, Kd, BK):
         kk = k0 + rk
         w = tl.load(w_ptr + rr[:, None] * Kd + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
-        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
         if IEEE:
             acc = tl.dot(w, x, acc, input_precision="ieee")
         else:
@@ -374,12 +374,12 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
     pm = rp < P
     rk = tl.arange(0, KP)
     for r in range(pid, R, nprog):
-        pmax = tl.load(max_ptr + rp * BM + r, mask=pm, other=float("-inf"))
-        psum = tl.load(sum_ptr + rp * BM + r, mask=pm, other=0.0)
+        pmax = tl.load(max_ptr + rp * BM + r, mask=pm, other=float("-inf"), cache_modifier=".cg")
+        psum = tl.load(sum_ptr + rp * BM + r, mask=pm, other=0.0, cache_modifier=".cg")
         gmax = tl.max(pmax, axis=0)
         scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
         logs = tl.log(tl.sum(psum * scale, axis=0))
-        ks = tl.load(keys_ptr + rp[:, None] * BM * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE)
+        ks = tl.load(keys_ptr + rp[:, None] * BM * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
         lp = ((_key_val(ks) - gmax) - logs).to(DT).to(tl.float32)
         k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp, _key_idx(ks)))
         for j in range(K):
@@ -401,8 +401,8 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
     if IS_CTX:
-        lp = tl.load(sel_lp_ptr + rr, mask=rmask, other=0.0)
-        tokd = tl.load(sel_tok_ptr + rr, mask=rmask, other=0)
+        lp = tl.load(sel_lp_ptr + rr, mask=rmask, other=0.0, cache_modifier=".cg")
+        tokd = tl.load(sel_tok_ptr + rr, mask=rmask, other=0, cache_modifier=".cg")
         tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
         tok = tokd
         if HAS_D2T:
@@ -418,14 +418,14 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
     else:
         jj = tl.arange(0, BLOCK_K)
         valid = rmask[:, None] & (jj < K)[None, :]
-        lp = tl.load(sel_lp_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0.0)
-        tokd = tl.load(sel_tok_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0)
+        lp = tl.load(sel_lp_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0.0, cache_modifier=".cg")
+        tokd = tl.load(sel_tok_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0, cache_modifier=".cg")
         tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
         tok = tokd
         if HAS_D2T:
             tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
-        score = tl.load(fr_score_ptr + rr, mask=rmask, other=0.0)
-        pick_old = tl.load(fr_pick_ptr + rr, mask=rmask, other=0)
+        score = tl.load(fr_score_ptr + rr, mask=rmask, other=0.0, cache_modifier=".cg")
+        pick_old = tl.load(fr_pick_ptr + rr, mask=rmask, other=0, cache_modifier=".cg")
         cs = (score[:, None] + lp).to(DT).to(tl.float32)
         flat = rr[:, None] * K + jj[None, :]
         base = K + i * K * K
@@ -447,7 +447,7 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
             keys = tl.where(hit, KEY_NONE, keys)
         prow = npick // K
         prow = tl.minimum(tl.maximum(prow, 0), K - 1)
-        old = tl.load(anc_ptr + prow[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :], other=0)
+        old = tl.load(anc_ptr + prow[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :], other=0, cache_modifier=".cg")
         tl.debug_barrier()
         new = tl.where((ra == i + 1)[None, :], ((i + 1) * K + rr)[:, None], old)
         tl.store(anc_ptr + rr[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
@@ -464,7 +464,7 @@ def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_
     candidate order; tokens, scores and parent positions (searchsorted semantics)."""
     rc = tl.arange(0, BLOCK_C)
     cm = rc < C
-    cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0)
+    cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0, cache_modifier=".cg")
     keys = tl.where(cm, _key(cs, rc), KEY_NONE)
     rest = keys
     thr = tl.max(rest, axis=0)
@@ -477,14 +477,14 @@ def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_
     tl.store(cnt_ptr + rc, incl - ch)  # number of chosen candidates below each index
     tl.debug_barrier()
     pos = incl  # 1-based position in draft_tokens of a chosen candidate
-    tok = tl.load(cand_tok_ptr + rc, mask=chosen, other=0)
-    stored = tl.load(row_par_ptr + rc // K, mask=chosen, other=0)
-    ppos = tl.load(cnt_ptr + tl.maximum(stored - 1, 0), mask=chosen & (stored > 0), other=0) + 1
+    tok = tl.load(cand_tok_ptr + rc, mask=chosen, other=0, cache_modifier=".cg")
+    stored = tl.load(row_par_ptr + rc // K, mask=chosen, other=0, cache_modifier=".cg")
+    ppos = tl.load(cnt_ptr + tl.maximum(stored - 1, 0), mask=chosen & (stored > 0), other=0, cache_modifier=".cg") + 1
     ppos = tl.where(stored == 0, 0, ppos)
     tl.store(out_tok_ptr + pos, tok, mask=chosen)
     tl.store(out_score_ptr + pos, cs, mask=chosen)
     tl.store(out_par_ptr + pos - 1, ppos.to(tl.int64), mask=chosen)
-    root = tl.load(root_ptr)
+    root = tl.load(root_ptr, cache_modifier=".cg")
     tl.store(out_tok_ptr, root)
     tl.store(out_score_ptr, 0.0)
 
@@ -492,6 +492,13 @@ def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_
 # ----------------------------------------------------------------------------------------------
 # grid barrier
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def _globaltimer(dummy):
+    """Nanosecond global timer (GPU only; used by the TIMING build for per-phase breakdowns)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dummy], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
 @triton.jit
 def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
     """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program),
@@ -506,10 +513,12 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
     while (cur < target) & (spins < MAX_SPIN):
         cur = tl.load(sync_ptr, volatile=True)
         spins += 1
-    if cur < target:
+    # The acquire: its result is used, so it stays a real acquiring atomic (an unused one may
+    # be lowered to a fire-and-forget reduction, which cannot acquire).
+    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    if seen < target:
         tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
         tl.atomic_add(sync_ptr, 1 << 30, sem="relaxed", scope="gpu")
-    tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
@@ -519,7 +528,7 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
 @triton.jit
 def drafter_kernel(
     # schedule
-    sched_ptr, n_steps, sync_ptr,
+    sched_ptr, n_steps, sync_ptr, time_ptr,
     # weights
     emb_ptr, fcw_ptr, fcb_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr,
     ln_in_ptr, ln_post_ptr, ln_hid_ptr, ln_f_ptr, lm_ptr, d2t_ptr, cos_ptr, sin_ptr,
@@ -535,7 +544,7 @@ def drafter_kernel(
     RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
-    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
     BNP_FC: tl.constexpr, BK_FC: tl.constexpr, BNP_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNP_O: tl.constexpr, BK_O: tl.constexpr, BNP_GU: tl.constexpr, BK_GU: tl.constexpr,
@@ -549,6 +558,9 @@ def drafter_kernel(
     L = c_len + n_new
     NQ = NH * HD
     NKVD = NKV * HD
+    if TIMING:  # program 0 stamps the global timer at the start and after every barrier
+        if pid == 0:
+            tl.store(time_ptr, _globaltimer(pid))
     for step in range(n_steps):
         code = tl.load(sched_ptr + step)
         ph = code // 256
@@ -642,3 +654,6 @@ def drafter_kernel(
                           out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
+            if TIMING:
+                if pid == 0:
+                    tl.store(time_ptr + 1 + step, _globaltimer(pid))

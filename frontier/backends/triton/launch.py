@@ -131,6 +131,7 @@ class Workspace:
         self.row_par = e(1 + depth * k, dt=torch.int64)
         self.cnt = e(self.block_c, dt=torch.int32)
         self.sync = torch.zeros(2, dtype=torch.int32, device=device)
+        self.times = torch.zeros(1, dtype=torch.int64, device=device)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
@@ -177,7 +178,7 @@ class Drafter:
 
     # ------------------------------------------------------------------------------------------
     def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
-            n_new: int, mode: str, step_hook=None) -> Workspace:
+            n_new: int, mode: str, step_hook=None, timing: bool = False) -> Workspace:
         """Run the whole schedule. ``ids_new`` [n] int64 token ids of the new rows; the new rows'
         K/V are written into cache rows [c_len, c_len + n) (not committed here)."""
         cfg, tn = self.cfg, self.tuning
@@ -189,8 +190,10 @@ class Drafter:
         dummy = ws.sync  # stands in for absent optional tensors (never read)
         has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
         ieee = self.dtype == torch.float32
+        if timing and ws.times.numel() < self.n_steps + 1:
+            ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
         args = [
-            self.schedule, 0, ws.sync,
+            self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
             lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, lw.down_proj,
             lw.input_layernorm if lw.input_layernorm is not None else lw.post_attention_layernorm,
@@ -233,18 +236,26 @@ class Drafter:
         if mode == "persistent":
             ws.sync.zero_()
             args[1] = self.n_steps
-            K_.drafter_kernel[grid](*args, PERSISTENT=True, MAX_SPIN=self.max_spin(), launch_cooperative_grid=True,
-                                    **const)
+            try:
+                K_.drafter_kernel[grid](*args, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=timing,
+                                        launch_cooperative_grid=True, **const)
+            except Exception as exc:  # e.g. out of resources, or a grid larger than co-residency allows
+                raise KernelError(f"triton drafter: persistent launch of {grid[0]} programs failed: {exc}") from exc
         elif mode == "steps":
             for s in range(self.n_steps):
                 if step_hook is not None:
                     step_hook(s)
                 args[0] = self.schedule[s:]
                 args[1] = 1
-                K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, **const)
+                K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False, **const)
         else:
             raise ValueError(f"mode must be 'persistent' or 'steps', got {mode!r}")
         return ws
+
+    def step_times_us(self) -> list[float]:
+        """Per-schedule-entry durations (us) of the last TIMING persistent run, barrier included."""
+        t = self.ws.times[: self.n_steps + 1].tolist()
+        return [(b - a) / 1e3 for a, b in zip(t[:-1], t[1:])]
 
     @staticmethod
     def max_spin() -> int:
