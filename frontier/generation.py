@@ -717,8 +717,9 @@ class SpeculativeGenerator:
 
                 # ---- accept ---------------------------------------------------------------
                 new, reason = finish(path_tokens[1 : acc + 1] + [next_tok])
-                if new:
-                    seq[0, p_len + len(emitted) : p_len + len(emitted) + len(new)] = torch.tensor(new, device=device)
+                start = p_len + len(emitted)
+                run = torch.cat([padded_tokens[path[1 : acc + 1]], nxt.reshape(1)])  # [acc + 1] on the device
+                seq[0, start : start + len(new)] = run[: len(new)]
                 emitted += new
                 if reason is None:
                     keep = path[: acc + 1]  # [acc + 1] tree positions, root first
@@ -806,7 +807,9 @@ def random_pair(
         pad_token_id=0,
         attn_implementation=attn_implementation,
     )
-    target = LlamaForCausalLM(tcfg).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # initialise where it will run (large presets)
+        target = LlamaForCausalLM(tcfg)
+    target = target.to(dtype=dtype).eval()
     n_taps = len(eagle3_tap_layers(p["layers"]))
     cfg = random_config(
         total_token=total_token,
