@@ -55,7 +55,7 @@ import torch
 
 from .config import FrontierConfig
 from .errors import ConfigError, InputError, WeightsError
-from .weights import DraftWeights, LayerWeights, detect_architecture
+from .weights import DraftWeights, detect_architecture
 
 PathLike = Union[str, os.PathLike]
 

@@ -297,7 +297,7 @@ def test_target_checkpoint_is_read_lazily(tmp_path):
             f.write_bytes(b"not a safetensors file")
     head = load_draft_head(path, target=target)
     assert torch.equal(head.weights.embed_tokens, w.embed_tokens)
-    assert f"[model.embed_tokens.weight]" in head.embedding_source and emb_shard in head.embedding_source
+    assert "[model.embed_tokens.weight]" in head.embedding_source and emb_shard in head.embedding_source
 
 
 def test_loaded_target_embedding_is_shared_not_copied(tmp_path):
