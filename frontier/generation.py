@@ -629,12 +629,9 @@ class SpeculativeGenerator:
         device = r.device
         stats = GenerationStats(backend=self.backend, prompt_tokens=p_len)
         width = min(cfg.total_token, cfg.depth + 2)
-        # Sequence buffer on the device: prompt, the emitted tokens, room for the next root.
-        seq = torch.empty(1, p_len + budget + 1, dtype=torch.long, device=device)
-        seq[:, :p_len] = prompt
-        emitted: list[int] = []
-        fed_len = 0  # tokens whose target K/V are cached (the target's context length)
-        draft_cache = None
+        state = _SequenceState.start(prompt[0], budget, device)
+        stop_names = {**{t: "stop_token" for t in extra_stops}, **{t: "eos" for t in stops}}
+        budget_reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
         sync = (lambda: _sync(device)) if profile else (lambda: None)
         draft_kwargs: dict[str, Any] = {}
         if self.requires_weights:
@@ -642,17 +639,6 @@ class SpeculativeGenerator:
             draft_kwargs["cache_max_length"] = p_len + budget + 2
             if device.type == "cuda":
                 draft_kwargs["check_token_range"] = False  # token ids come from the target/drafter
-
-        def finish(tokens: list[int]) -> tuple[list[int], Optional[str]]:
-            """Cut ``tokens`` at the first stop token or at the budget; say why it stopped."""
-            for i, tok in enumerate(tokens):
-                if tok in stops or tok in extra_stops:
-                    return tokens[: i + 1], ("eos" if tok in stops else "stop_token")
-            room = budget - len(emitted)
-            if len(tokens) >= room:
-                reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
-                return tokens[:room], reason
-            return tokens, None
 
         r.attach()
         try:
@@ -664,33 +650,28 @@ class SpeculativeGenerator:
             else:
                 probs0 = warp_logits(last_logits, params).softmax(dim=-1)  # [1, V]
                 root = torch.multinomial(probs0, 1, generator=generator)[:, 0]  # [1]
-            seq[:, p_len] = root
-            fed_len = p_len
+            state.target_cache, state.fed_len, state.new_feats = cache, p_len, feats
             stats.target_forwards += 1
-            first = int(root)  # host read: the first token
+            state.emit([int(root)], root, stop_names, budget_reason)  # host read: the first token
             sync()
             stats.time_prefill = time.perf_counter() - t_start
-            new, reason = finish([first])
-            emitted += new
             if callback is not None:
-                callback(seq[:, p_len : p_len + len(emitted)], stats)
-            new_feats = feats  # [1, n, F] features of the rows the drafter has not seen
+                callback(state.new_tokens()[None], stats)
 
-            while reason is None:
+            while state.reason is None:
                 # ---- draft ----------------------------------------------------------------
                 t0 = time.perf_counter()
-                seq_len = p_len + len(emitted)  # the last one is the root, not yet fed
                 fr = frontier_generate(
                     cfg,
-                    new_feats.to(self.feature_dtype),
+                    state.new_feats.to(self.feature_dtype),
                     backend=self.backend,
-                    input_ids=seq[:, :seq_len],
-                    cache=draft_cache,
+                    input_ids=state.input_ids()[None],  # [1, L + 1], root last
+                    cache=state.draft_cache,
                     sampling=not params.greedy,
                     padded=self.padded,
                     **draft_kwargs,
                 )
-                draft_cache = fr.cache
+                state.draft_cache = fr.cache
                 stats.draft_calls += 1
                 sync()
                 t1 = time.perf_counter()
@@ -700,7 +681,7 @@ class SpeculativeGenerator:
                 tokens = fr.draft_tokens.to(device)  # [1, T]
                 tmask = fr.tree_mask.to(device)
                 tpos = fr.tree_position_ids.to(device)
-                logits, tree_feats = r.verify(tokens, tmask, tpos, fed_len, cache)  # [T, V], [1, T, F]
+                logits, tree_feats = r.verify(tokens, tmask, tpos, state.fed_len, state.target_cache)  # [T, V], [1, T, F]
                 stats.target_forwards += 1
                 if params.greedy:
                     best, path, nxt = greedy_accept(logits, tokens[0], tmask, tpos, width)
@@ -716,27 +697,87 @@ class SpeculativeGenerator:
                 stats.accepted_lengths.append(acc + 1)
 
                 # ---- accept ---------------------------------------------------------------
-                new, reason = finish(path_tokens[1 : acc + 1] + [next_tok])
-                start = p_len + len(emitted)
                 run = torch.cat([padded_tokens[path[1 : acc + 1]], nxt.reshape(1)])  # [acc + 1] on the device
-                seq[0, start : start + len(new)] = run[: len(new)]
-                emitted += new
-                if reason is None:
+                state.emit(path_tokens[1 : acc + 1] + [next_tok], run, stop_names, budget_reason)
+                if state.reason is None:
                     keep = path[: acc + 1]  # [acc + 1] tree positions, root first
-                    compact_cache(cache, fed_len, keep)
-                    new_feats = tree_feats.index_select(1, keep)  # [1, acc + 1, F]
-                    fed_len += acc + 1
+                    compact_cache(state.target_cache, state.fed_len, keep)
+                    state.new_feats = tree_feats.index_select(1, keep)  # [1, acc + 1, F]
+                    state.fed_len += acc + 1
+                    if stats.verify_steps == 1:
+                        _check_cache_length(state.target_cache, state.fed_len)
                 if callback is not None:
-                    callback(seq[:, p_len : p_len + len(emitted)], stats)
+                    callback(state.new_tokens()[None], stats)
                 stats.time_other += time.perf_counter() - t2
-            stats.stop_reason = reason
+            stats.stop_reason = state.reason
         finally:
             r.detach()
-        stats.new_tokens = len(emitted)
+        stats.new_tokens = len(state.emitted)
         stats.time_total = time.perf_counter() - t_start
         stats.time_other = max(0.0, stats.time_total - stats.time_prefill - stats.time_draft - stats.time_verify)
-        out = seq[:, : p_len + len(emitted)].clone()
+        out = state.sequence()[None].clone()
         return GenerationResult(sequences=out, prompt_length=p_len, stats=stats)
+
+
+@dataclass
+class _SequenceState:
+    """Everything one sequence carries between steps (batching keeps one per sequence).
+
+    ``buffer`` holds the prompt, then the emitted tokens; the last emitted token is the next
+    tree root, whose target K/V are not cached yet. ``fed_len`` tokens are in the target's KV
+    cache; ``new_feats`` are the target features of the rows the draft cache lacks.
+    """
+
+    buffer: torch.Tensor  # [P + budget + 1] int64 on the device
+    prompt_len: int
+    budget: int
+    emitted: list[int] = field(default_factory=list)
+    fed_len: int = 0
+    target_cache: Any = None
+    draft_cache: Any = None
+    new_feats: Optional[torch.Tensor] = None  # [1, n, F]
+    reason: Optional[str] = None
+
+    @classmethod
+    def start(cls, prompt: torch.Tensor, budget: int, device: torch.device) -> "_SequenceState":
+        buf = torch.empty(prompt.shape[0] + budget + 1, dtype=torch.long, device=device)
+        buf[: prompt.shape[0]] = prompt
+        return cls(buffer=buf, prompt_len=prompt.shape[0], budget=budget)
+
+    def input_ids(self) -> torch.Tensor:
+        """[L + 1] the sequence so far, the root last."""
+        return self.buffer[: self.prompt_len + len(self.emitted)]
+
+    def sequence(self) -> torch.Tensor:
+        return self.buffer[: self.prompt_len + len(self.emitted)]
+
+    def new_tokens(self) -> torch.Tensor:
+        return self.buffer[self.prompt_len : self.prompt_len + len(self.emitted)]
+
+    def emit(self, tokens: list[int], on_device: torch.Tensor, stop_names: dict, budget_reason: str) -> None:
+        """Append ``tokens`` (host copy of ``on_device``), cut at the first stop token or the budget."""
+        keep, reason = len(tokens), None
+        for i, tok in enumerate(tokens):
+            if tok in stop_names:
+                keep, reason = i + 1, stop_names[tok]
+                break
+        room = self.budget - len(self.emitted)
+        if reason is None and keep >= room:
+            keep, reason = room, budget_reason
+        start = self.prompt_len + len(self.emitted)
+        self.buffer[start : start + keep] = on_device[:keep]
+        self.emitted += tokens[:keep]
+        self.reason = reason
+
+
+def _check_cache_length(cache: Any, expect: int) -> None:
+    """Once per call: the compacted cache reports the expected length (a transformers API guard)."""
+    get = getattr(cache, "get_seq_length", None)
+    if get is not None and int(get()) != expect:
+        raise FrontierError(
+            f"the target's cache reports {int(get())} tokens after compaction, expected {expect}: this transformers "
+            "version's cache layout is not supported by frontier.generate"
+        )
 
 
 def generate(
