@@ -372,9 +372,10 @@ class _TargetRunner:
 
     def _features(self) -> torch.Tensor:
         if self.architecture == "eagle3":
-            feats = torch.cat([self._captured[i] for i in self.taps], dim=-1)  # [1, n, k*H]
+            # (.to: a target split over devices taps its layers on different ones)
+            feats = torch.cat([self._captured[i].to(self.device) for i in self.taps], dim=-1)  # [1, n, k*H]
         else:
-            feats = self._captured[-1]  # [1, n, H]
+            feats = self._captured[-1].to(self.device)  # [1, n, H]
         self._captured.clear()
         return feats
 
@@ -384,7 +385,7 @@ class _TargetRunner:
         out = self.target(input_ids=input_ids, use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         check_cache(cache)
-        return out.logits[:, -1], self._features(), cache
+        return out.logits[:, -1].to(self.device), self._features(), cache
 
     def verify(
         self, tokens: torch.Tensor, tree_mask: torch.Tensor, tree_position_ids: torch.Tensor, context: int, cache: Any
@@ -400,7 +401,7 @@ class _TargetRunner:
         out = self.target(
             input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True
         )
-        return out.logits[0], self._features()
+        return out.logits[0].to(self.device), self._features()
 
 
 def _cache_tensors(cache: Any) -> list[tuple[Any, str, str]]:
@@ -620,7 +621,15 @@ class SpeculativeGenerator:
             eos_token_id = getattr(gc, "eos_token_id", None)
         stops = _as_id_set(eos_token_id, "eos_token_id")
         extra_stops = _as_id_set(stop_token_ids, "stop_token_ids")
-        if generator is None and seed is not None:
+        if generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise InputError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+            if generator.device.type != self.runner.device.type:
+                raise InputError(
+                    f"generator is on {generator.device} but the target on {self.runner.device}; "
+                    f"use torch.Generator(device={str(self.runner.device)!r}) or seed="
+                )
+        elif seed is not None:
             if not isinstance(seed, int):
                 raise InputError(f"seed must be an int, got {seed!r}")
             generator = torch.Generator(device=self.runner.device).manual_seed(seed)

@@ -374,6 +374,12 @@ def test_bad_inputs(pair):
         gen.generate(ids, temperature=1.0, top_p=0.0)
     with pytest.raises(InputError, match="top_k"):
         gen.generate(ids, temperature=1.0, top_k=-2)
+    with pytest.raises(InputError, match="generator must be a torch.Generator"):
+        gen.generate(ids, temperature=1.0, generator=5)
+    with pytest.raises(InputError, match="seed must be an int"):
+        gen.generate(ids, temperature=1.0, seed="7")
+    with pytest.raises(InputError, match="eos_token_id must be"):
+        gen.generate(ids, eos_token_id="two")
     # A 1-D prompt is taken as one sequence.
     assert torch.equal(gen.generate(ids[0], max_new_tokens=3).sequences, _reference(target, ids, 3))
 
