@@ -50,3 +50,19 @@ def test_generate_cli_errors(capsys):
     assert main(["generate", "--random-tiny", "--input-ids", "1,x", "--device", "cpu"]) == 2
     assert main(["generate", "--random-tiny", "--input-ids", "4,5,6", "--max-length", "2", "--device", "cpu"]) == 2
     assert "max_length=2 leaves no room" in capsys.readouterr().err
+
+
+def test_generate_from_local_checkpoints(tmp_path, capsys):
+    """--target/--head: a saved random Llama and a head saved in the published layout (no embedding)."""
+    from frontier.generation import random_pair
+    from frontier.loading import save_draft_head
+
+    target, cfg, w = random_pair("tiny", total_token=12, depth=3, top_k=3, seed=5)
+    target.save_pretrained(tmp_path / "target")
+    save_draft_head(w, cfg, tmp_path / "head")
+    rc = main(["generate", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "head"),
+               "--input-ids", "5,6,7,8", "--max-new-tokens", "8", "--compare", "--json", "--device", "cpu",
+               "--total-token", "12", "--depth", "3", "--tree-top-k", "3", "--no-eos"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["compare"]["identical"] is True
+    assert len(out["new_token_ids"]) == 8
