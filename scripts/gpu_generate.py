@@ -35,6 +35,49 @@ CASES = [
 ]
 
 
+class OracleBackend(frontier.Backend):
+    """Upper bound for the loop: the stub's tree with its deepest path set to the target's own
+    greedy continuation (precomputed), so nearly every step accepts depth + 1 tokens. It measures
+    what verification, acceptance and compaction cost when drafts are right; its 'draft' time is
+    the stub plus a host-side fix-up, not a real drafter's."""
+
+    name = "oracle_upper_bound"
+    requires_weights = False
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def __init__(self):
+        self.reference: list[int] = []
+
+    def generate(self, request):
+        from frontier.backends.stub import StubBackend
+        from frontier.generation import tree_parents
+
+        fr = StubBackend().generate(request)
+        n = request.input_ids.shape[1]
+        future = self.reference[n:]
+        tokens = fr.draft_tokens[0].tolist()
+        parent = tree_parents(fr.tree_mask).tolist()
+        depth = fr.tree_position_ids.tolist()
+        node = max(range(len(depth)), key=lambda i: depth[i])
+        path = []
+        while node != 0:
+            path.append(node)
+            node = parent[node]
+        path.reverse()
+        vocab = max(max(tokens), max(future or [0])) + 2
+        for j, node in enumerate(path[: len(future)]):
+            tokens[node] = future[j]
+        for node in path:
+            used = {tokens[i] for i in range(1, len(tokens)) if parent[i] == parent[node]}
+            for s in range(1, len(tokens)):
+                if s != node and parent[s] == parent[node] and tokens[s] == tokens[node]:
+                    alt = next(x for x in range(vocab) if x not in used)
+                    tokens[s] = alt
+                    used.add(alt)
+        fr.draft_tokens = torch.tensor([tokens], device=fr.draft_tokens.device)
+        return fr
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -90,7 +133,13 @@ def main() -> int:
             sync()
         base_tps = n_new / (time.perf_counter() - t0)
         print(f"target.generate: {base_tps:.1f} tok/s", flush=True)
-        for name in backends:
+        oracle = OracleBackend()
+        frontier.register_backend(oracle.name, oracle, clobber=True)
+        with torch.no_grad():
+            oracle.reference = target.generate(
+                prompt, do_sample=False, max_new_tokens=n_new + t + 2, eos_token_id=None, pad_token_id=0
+            )[0].tolist()
+        for name in backends + [oracle.name]:
             row = dict(preset=preset, dtype=str(dtype)[6:], tree=f"T{t}-D{d}-K{k}", backend=name, new_tokens=n_new,
                        baseline_tokens_per_s=base_tps)
             try:
