@@ -195,9 +195,10 @@ def triton_kernel_only(setup: CallSetup, mode: str = "persistent") -> None:
           setup.case.new_rows, mode)
 
 
-def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: int = 10) -> dict[str, float]:
-    """Per-phase ms of one call, from the step-by-step variant (one launch per schedule entry,
-    CUDA events around each). Sums over depths; includes each launch's start-up cost."""
+def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: int = 7) -> dict[str, float]:
+    """Per-phase ms of one persistent call, from the kernel's TIMING build: program 0 stamps the
+    global timer after every grid barrier, so each phase's time includes its barrier. Summed
+    over depths (context-step phases listed separately)."""
     from .backends.triton import kernels as K_
     from .backends.triton.launch import Drafter
     from .registry import get_backend
@@ -206,34 +207,24 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     be = get_backend("triton")
     d: Drafter = be.drafter(setup.cfg, dtype, torch.device(device))
     names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
-    sched = d.schedule.tolist()
     ids = setup.ids[0, 1:]
     d.alloc_outputs()
-    acc: dict[str, list[float]] = {}
-    for rep in range(reps + 2):
-        events = []
-
-        def hook(step: int) -> None:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            events.append(e)
-
+    runs = []
+    for rep in range(reps + 1):
         setup.cache.truncate(setup.c)
         d.run(setup.weights, setup.features[0], ids[setup.c:], setup.ids[0, -1:], setup.cache, setup.c,
-              case.new_rows, "steps", step_hook=hook)
-        hook(len(sched))
+              case.new_rows, "persistent", timing=True)
         torch.cuda.synchronize()
-        if rep < 2:
-            continue
-        per: dict[str, float] = {}
-        for s, code in enumerate(sched):
-            ph, i = divmod(code, 256)
-            key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
-            per[key] = per.get(key, 0.0) + events[s].elapsed_time(events[s + 1])
-        for k, v in per.items():
-            acc.setdefault(k, []).append(v)
+        if rep:
+            runs.append(d.step_times_us())
+    med = [statistics.median(x) for x in zip(*runs)]
+    per: dict[str, float] = {}
+    for code, us in zip(d.schedule.tolist(), med):
+        ph, i = divmod(code, 256)
+        key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
+        per[key] = per.get(key, 0.0) + us / 1e3
     del setup
-    return {k: statistics.median(v) for k, v in acc.items()}
+    return per
 
 
 def format_table(rows: list[BenchRow], bandwidth: float) -> str:
@@ -294,7 +285,7 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
     text = format_table(rows, bw)
     for name, ph in breakdowns.items():
         total = sum(ph.values())
-        text += f"\n\nper-phase (step-by-step launches, ms) {name}: total {total:.3f}\n"
+        text += f"\n\nper-phase breakdown (in-kernel timer, ms, barrier included) {name}: total {total:.3f}\n"
         text += "\n".join(f"  {k:16s} {v:8.3f}  {100 * v / total:5.1f}%" for k, v in sorted(ph.items(), key=lambda kv: -kv[1]))
     if json_path:
         with open(json_path, "w") as fh:

@@ -26,6 +26,9 @@ VARIANTS = {
     "sb16s6": dict(stage_bytes=16384, num_stages=6),
     "sb32s5": dict(stage_bytes=32768, num_stages=5),
     "w8sb64s3": dict(num_warps=8, stage_bytes=65536, num_stages=3),
+    "w8lm64s3": dict(num_warps=8, lm_stage_bytes=65536, num_stages=3),
+    "w8s3": dict(num_warps=8, num_stages=3),
+    "w8s5": dict(num_warps=8, num_stages=5),
 }
 res = {}
 ref_tokens = None

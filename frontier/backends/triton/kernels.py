@@ -30,7 +30,9 @@ PH_PREP3 = 1
 PH_PREP2 = 2
 PH_QKV = 4
 PH_ROPE = 5
-PH_ATTN = 6
+PH_ATTN = 6  # attention pass 1 (per-part max / sum)
+PH_ATTN2 = 16  # attention pass 2 (per-part P @ V)
+PH_ATTN3 = 17  # attention sum over parts
 PH_OPROJ = 7
 PH_NORM_POST = 8
 PH_GATEUP = 9
@@ -273,15 +275,19 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
 
 
 @triton.jit
-def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
-             tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
-             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """Single-query attention of R rows. One work item per KV head holds every (row, head) query
-    of its group, so each context K/V block is read once for all rows. Keys: the nctx context
-    rows (shared), then each row's n_anc ancestor slots in the tree scratch (gathered per row):
-    the tree mask is implicit. Two passes: fp32 max and sum of exp, then probabilities rounded to
-    the compute dtype (as the reference casts softmax's output) times V."""
-    DT = ao_ptr.dtype.element_ty
+def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
+                  tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
+                  pm_ptr, pl_ptr, pacc_ptr, NCH,
+                  PASS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_CH: tl.constexpr, IEEE: tl.constexpr):
+    """Single-query attention of R rows, split over the grid (flash-decoding with the reference's
+    rounding). Work items: (KV head g, part c), parts 0..NCH-1 = contiguous chunks of the nctx
+    context keys (shared by all rows), part NCH = each row's n_anc ancestor slots in the tree
+    scratch (gathered per row: the tree mask is implicit). An item holds every (row, head)
+    query of its group, so each K/V byte is read once for all rows.
+    PASS 1: per-part max and sum of exp. PASS 2: global max/sum from all parts, probabilities
+    rounded to the compute dtype (as the reference casts softmax's output) times V, per part."""
+    DT = qr_ptr.dtype.element_ty
     G = NH // NKV
     rq = tl.arange(0, BLOCK_Q)
     r_of = rq // G
@@ -289,40 +295,87 @@ def _ph_attn(pid, nprog, R, qr_ptr, ao_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
     qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
-    for g in range(pid, NKV, nprog):
+    parts = NCH + 1
+    chunk = tl.cdiv(nctx, NCH)
+    for t in range(pid, NKV * parts, nprog):
+        g = t // parts
+        c = t - g * parts
         qoff = r_of * NH * HD + (g * G + hl) * HD
-        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
-        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_Q], tl.float32)
-        for j0 in range(0, nctx, BLOCK_N):
-            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
-            m_i = m_new
-        for a in range(n_anc):
-            sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
-                                    DT, BLOCK_D)
-            m_new = tl.maximum(m_i, sa)
-            l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
-            m_i = m_new
-        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-        for j0 in range(0, nctx, BLOCK_N):
-            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-            p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
-            v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
-                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
-            if IEEE:
-                acc = tl.dot(p, v, acc, input_precision="ieee")
+        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
+                    cache_modifier=".cg")
+        base = (g * parts + c) * BLOCK_Q
+        j_lo = c * chunk
+        j_hi = tl.minimum(nctx, j_lo + chunk)
+        if PASS == 1:
+            m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_Q], tl.float32)
+            if c < NCH:
+                for j0 in range(j_lo, j_hi, BLOCK_N):
+                    s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
+                    m_i = m_new
             else:
-                acc = tl.dot(p, v, acc)
-        for a in range(n_anc):
-            sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
-                                    DT, BLOCK_D)
-            pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
-            vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                         mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-            acc += pa[:, None] * vt
-        tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
+                for a in range(n_anc):
+                    sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
+                                            HD, DT, BLOCK_D)
+                    m_new = tl.maximum(m_i, sa)
+                    l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
+                    m_i = m_new
+            tl.store(pm_ptr + base + rq, m_i)
+            tl.store(pl_ptr + base + rq, l_i)
+        else:
+            rc = tl.arange(0, BLOCK_CH)
+            pidx = (g * parts + rc[:, None]) * BLOCK_Q + rq[None, :]
+            cm = (rc < parts)[:, None]
+            pms = tl.load(pm_ptr + pidx, mask=cm, other=float("-inf"), cache_modifier=".cg")
+            pls = tl.load(pl_ptr + pidx, mask=cm, other=0.0, cache_modifier=".cg")
+            m_i = tl.max(pms, axis=0)
+            l_i = tl.sum(tl.where(pms == float("-inf"), 0.0, pls * tl.exp(pms - m_i[None, :])), axis=0)
+            acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+            if c < NCH:
+                for j0 in range(j_lo, j_hi, BLOCK_N):
+                    s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+                    p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
+                    v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
+                                mask=(rj < j_hi)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
+                    if IEEE:
+                        acc = tl.dot(p, v, acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(p, v, acc)
+            else:
+                for a in range(n_anc):
+                    sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
+                                            HD, DT, BLOCK_D)
+                    pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+                    vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                                 mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+                    acc += pa[:, None] * vt
+            tl.store(pacc_ptr + (base + rq)[:, None] * BLOCK_D + rd[None, :], acc)
+
+
+@triton.jit
+def _ph_attn_sum(pid, nprog, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
+                 BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, SUB_Q: tl.constexpr):
+    """Attention output: the sum over parts of the per-part P@V (fp32), rounded to the dtype."""
+    DT = ao_ptr.dtype.element_ty
+    G = NH // NKV
+    parts = NCH + 1
+    nsub = BLOCK_Q // SUB_Q
+    rs = tl.arange(0, SUB_Q)
+    rd = tl.arange(0, BLOCK_D)
+    for t in range(pid, NKV * nsub, nprog):
+        g = t // nsub
+        rq = (t - g * nsub) * SUB_Q + rs
+        r_of = rq // G
+        hl = rq - r_of * G
+        acc = tl.zeros([SUB_Q, BLOCK_D], tl.float32)
+        for c in range(parts):
+            acc += tl.load(pacc_ptr + ((g * parts + c) * BLOCK_Q + rq)[:, None] * BLOCK_D + rd[None, :],
+                           cache_modifier=".cg")
+        qoff = r_of * NH * HD + (g * G + hl) * HD
+        tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=(r_of < R)[:, None] & (rd < HD)[None, :])
 
 
 @triton.jit
@@ -536,12 +589,12 @@ def drafter_kernel(
     feat_ptr, ids_ptr, root_ptr, ck_ptr, cv_ptr,
     # workspace
     hcur_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
-    tk_ptr, tv_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
+    tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     # sizes
     n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, max_len, SK, eps, sqrt_d,
-    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
@@ -551,6 +604,7 @@ def drafter_kernel(
     BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_CH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -608,15 +662,19 @@ def drafter_kernel(
             else:
                 _ph_rope(pid, nprog, K, qkv_ptr, qr_ptr, 0, tk_ptr, tv_ptr, SK * HD, i * K,
                          L + i, 0, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
-        elif ph == 6:  # PH_ATTN
-            if is_ctx:
-                _ph_attn(pid, nprog, 1, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
-                         tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, 0, NH, NKV, HD, sqrt_d,
-                         BLOCK_Q, BLOCK_NA, BLOCK_D, IEEE)
+        elif (ph == 6) | (ph == 16):  # PH_ATTN / PH_ATTN2
+            r_att = tl.where(is_ctx, 1, K)
+            n_anc = tl.where(is_ctx, 0, i + 1)
+            if ph == 6:
+                _ph_attn_part(pid, nprog, r_att, qr_ptr, ck_ptr, cv_ptr, max_len * HD, L,
+                              tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
             else:
-                _ph_attn(pid, nprog, K, qr_ptr, ao_ptr, ck_ptr, cv_ptr, max_len * HD, L,
-                         tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, i + 1, NH, NKV, HD, sqrt_d,
-                         BLOCK_Q, BLOCK_NA, BLOCK_D, IEEE)
+                _ph_attn_part(pid, nprog, r_att, qr_ptr, ck_ptr, cv_ptr, max_len * HD, L,
+                              tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
+        elif ph == 17:  # PH_ATTN3
+            _ph_attn_sum(pid, nprog, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH, BLOCK_Q, BLOCK_D, 16)
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn)
             res_row = tl.where(is_ctx, n_new - 1, 0)
             _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr + res_row * H, H, fcb_ptr,

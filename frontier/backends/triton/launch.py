@@ -47,12 +47,12 @@ def build_schedule(architecture: str, depth: int) -> list[int]:
     """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step)."""
     if architecture == "eagle3":
         ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
-        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_OPROJ, K_.PH_NORM_POST, K_.PH_GATEUP, K_.PH_DOWN,
-                K_.PH_NORM_F, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
+        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
+                K_.PH_GATEUP, K_.PH_DOWN, K_.PH_NORM_F, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
     else:
         ctx_head = tree_head = [K_.PH_PREP2, K_.PH_FC]
-        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_OPROJ, K_.PH_NORM_POST, K_.PH_GATEUP, K_.PH_DOWN,
-                K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
+        tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
+                K_.PH_GATEUP, K_.PH_DOWN, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
     sched = [p * 256 + K_.CTX_DEPTH for p in ctx_head + tail]
     for i in range(depth):
         sched += [p * 256 + i for p in tree_head + tail]
@@ -71,18 +71,20 @@ class Tuning:
 
     BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
     stage_bytes: int = 32768
+    lm_stage_bytes: Optional[int] = None  # lm_head's own (None: stage_bytes)
     num_warps: int = 4
     num_stages: int = 4
     BLOCK_NA: int = 32  # context keys per attention block
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
 
-def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning) -> tuple[int, int, int]:
+def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning,
+         stage_bytes: Optional[int] = None) -> tuple[int, int, int]:
     """(rows per program RP, row block BNP, k-chunk BK) of a weight-streaming phase."""
     per = -(-n_rows // grid)
     rp = max(16, -(-per // 16) * 16)
     bnp = _pow2(rp, 16)
-    bk = tn.stage_bytes // (bnp * elsize * n_mats)
+    bk = (stage_bytes or tn.stage_bytes) // (bnp * elsize * n_mats)
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
     return rp, bnp, bk
 
@@ -116,6 +118,14 @@ class Workspace:
         self.nf = e(kx, h)
         self.tk = e(nkv, self.sk, d)
         self.tv = e(nkv, self.sk, d)
+        # attention parts: NCH context chunks + 1 tree part per KV head, each for BLOCK_Q queries
+        self.nch = max(1, grid // nkv - 1)
+        self.block_q = _pow2(k * (nh // nkv), 16)
+        self.block_d = _pow2(d, 16)
+        parts = nkv * (self.nch + 1) * self.block_q
+        self.apm = e(parts, dt=torch.float32)
+        self.apl = e(parts, dt=torch.float32)
+        self.aacc = e(parts, self.block_d, dt=torch.float32)
         self.lmk = e(grid, bm, kp, dt=torch.int64)
         self.lmmax = e(grid, bm, dt=torch.float32)
         self.lmsum = e(grid, bm, dt=torch.float32)
@@ -203,7 +213,7 @@ class Drafter:
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             features, ids_new, root, cache.k[0], cache.v[0],
             ws.hcur, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
-            ws.tk, ws.tv, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
+            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
             ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, self.out_tok, self.out_par, self.out_score,
             n_new, c_len, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
@@ -220,14 +230,14 @@ class Drafter:
         rp_o, bnp_o, bk_o = slab(h, nq, g, el, 1, tn)
         rp_gu, bnp_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn)
         rp_d, bnp_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn)
-        rp_lm, bnp_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn)
-        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm]
+        rp_lm, bnp_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, tn.lm_stage_bytes)
+        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, ws.nch]
         const = dict(
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
             BM=self.bm, KP=self.kp,
             BNP_FC=bnp_fc, BK_FC=bk_fc, BNP_QKV=bnp_qkv, BK_QKV=bk_qkv, BNP_O=bnp_o, BK_O=bk_o,
             BNP_GU=bnp_gu, BK_GU=bk_gu, BNP_D=bnp_d, BK_D=bk_d, BNP_LM=bnp_lm, BK_LM=bk_lm,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=_pow2(cfg.head_dim, 16), BLOCK_Q=_pow2(cfg.top_k * groups, 16),
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(ws.nch + 1),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             num_warps=tn.num_warps, num_stages=tn.num_stages,
