@@ -72,7 +72,7 @@ class _FrontierDrafter:
         self.fallback = fallback
         self.cache_max_length = cache_max_length
         self.calls = 0
-        self._head_key: Optional[int] = None
+        self._head_key: Optional[tuple] = None
         self.cfg: Optional[FrontierConfig] = None
         self.weights: Optional[DraftWeights] = None
 
@@ -81,7 +81,8 @@ class _FrontierDrafter:
         layer = self.layer
         state_keys = set(layer.state_dict().keys())
         eagle2 = not any(k.startswith("midlayer.") for k in state_keys)
-        key = id(head) if eagle2 else 0
+        # Rebuilt when the head (eagle2) or the tree shape attributes change between calls.
+        key = (id(head) if eagle2 else 0, int(layer.total_tokens), int(layer.depth), int(layer.top_k))
         if self.cfg is not None and key == self._head_key:
             return
         lm_head = head if eagle2 else None

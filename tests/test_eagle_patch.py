@@ -236,6 +236,11 @@ def test_reset_kv_sampling_order_and_unpatch(target):
     fr = frontier.Frontier(draft_tokens=draft, retrieve_indices=retrieve, tree_mask=tmask, tree_position_ids=tpos)
     fr.check_invariants(total_token=16, depth=4, top_k=4, sampling=True)
     assert model.ea_layer.stable_kv.length == ids.shape[1]
+    # The tree shape follows the module's attributes when they change between generations.
+    model.ea_layer.depth, model.ea_layer.total_tokens = 2, 7
+    model.eagenerate(ids, max_new_tokens=3)
+    assert model.ea_layer._frontier_patch["drafter"].cfg.total_token == 8
+    assert model.ea_layer._frontier_patch["drafter"].cfg.depth == 2
     # Switching backends re-patches; unpatching restores the module's own method.
     patch_ea_model_with_triton_drafter(model, backend="stub")
     assert model.ea_layer._frontier_patch["backend"] == "stub"
