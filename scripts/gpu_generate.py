@@ -89,6 +89,30 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(diff[0]) if diff.numel() else (-1 if a.shape == b.shape else n)
 
 
+def write_tables(rows, out_dir, final=False):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "generate.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    head = ("preset", "dtype", "tree", "backend", "tok/s", "target.generate tok/s", "mean acc. len", "identical",
+            "draft ms/step", "verify ms/step", "other ms/step", "split")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['preset']} | {r['dtype']} | {r['tree']} | {r['backend']} | error: {r['error'][:80]} |")
+            continue
+        ident = "yes" if r["identical_to_target_generate"] else f"no (first diff at {r['first_difference']})"
+        lines.append(
+            f"| {r['preset']} | {r['dtype']} | {r['tree']} | {r['backend']} | {r['tokens_per_s']:.1f} | "
+            f"{r['baseline_tokens_per_s']:.1f} | {r['mean_accepted_length']:.3f} | {ident} | "
+            f"{r['ms_per_step_draft']:.2f} | {r['ms_per_step_verify']:.2f} | {r['ms_per_step_other']:.2f} | {r['split']} |"
+        )
+    table = "\n".join(lines)
+    with open(os.path.join(out_dir, "generate.md"), "w") as f:
+        f.write(table + "\n")
+    if final:
+        print("\n" + table)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -170,30 +194,12 @@ def main() -> int:
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
             print(json.dumps(row), flush=True)
+            write_tables(rows, args.out)  # incrementally: a timeout keeps what was measured
         del target, w
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "generate.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    head = ("preset", "dtype", "tree", "backend", "tok/s", "target.generate tok/s", "mean acc. len", "identical",
-            "draft ms/step", "verify ms/step", "other ms/step", "split")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['preset']} | {r['dtype']} | {r['tree']} | {r['backend']} | error: {r['error'][:80]} |")
-            continue
-        ident = "yes" if r["identical_to_target_generate"] else f"no (first diff at {r['first_difference']})"
-        lines.append(
-            f"| {r['preset']} | {r['dtype']} | {r['tree']} | {r['backend']} | {r['tokens_per_s']:.1f} | "
-            f"{r['baseline_tokens_per_s']:.1f} | {r['mean_accepted_length']:.3f} | {ident} | "
-            f"{r['ms_per_step_draft']:.2f} | {r['ms_per_step_verify']:.2f} | {r['ms_per_step_other']:.2f} | {r['split']} |"
-        )
-    table = "\n".join(lines)
-    with open(os.path.join(args.out, "generate.md"), "w") as f:
-        f.write(table + "\n")
-    print("\n" + table)
+    write_tables(rows, args.out, final=True)
     return 0
 
 
