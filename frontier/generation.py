@@ -35,7 +35,6 @@ deterministic draft this leaves the output distribution exactly the target's.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union

@@ -22,7 +22,6 @@ from frontier.generation import (
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
 
-from conftest import runnable_backends
 
 V = 256
 # (total_token, depth, top_k): a bushy tree, a top_k=1 chain at its maximum size (D + 2),
