@@ -71,9 +71,9 @@ class Tuning:
 
     BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
     stage_bytes: int = 32768
-    lm_stage_bytes: Optional[int] = None  # lm_head's own (None: stage_bytes)
-    num_warps: int = 4
-    num_stages: int = 4
+    lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
+    num_warps: int = 8
+    num_stages: int = 3
     BLOCK_NA: int = 32  # context keys per attention block
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
