@@ -132,8 +132,14 @@ def resolve_backend(backend: Any, fallback: bool) -> tuple[str, Any]:
     ok, why = impl.availability()
     if not ok:
         if fallback and backend != "torch_ref":
+            ref = get_backend("torch_ref")
+            ref_ok, ref_why = ref.availability()
+            if not ref_ok:
+                raise BackendUnavailableError(
+                    f"backend {backend!r} cannot run here ({why}) and the fallback 'torch_ref' cannot either ({ref_why})"
+                )
             warnings.warn(f"backend {backend!r} is unavailable ({why}); falling back to 'torch_ref'", RuntimeWarning, stacklevel=3)
-            return "torch_ref", get_backend("torch_ref")
+            return "torch_ref", ref
         raise BackendUnavailableError(f"backend {backend!r} cannot run here: {why}")
     return backend, impl
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+import operator
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -28,7 +30,7 @@ class FrontierConfig(BaseModel):
     ``F = feature_size``, ``V_t = target_vocab_size``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     # --- tree shape and vocabulary (enough for the stub) -------------------------------------
     total_token: int
@@ -54,6 +56,27 @@ class FrontierConfig(BaseModel):
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(_format_validation_error(exc)) from None
+
+    @field_validator(
+        "total_token", "depth", "top_k", "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "intermediate_size", "feature_size", "target_vocab_size", "num_layers", mode="before",
+    )
+    @classmethod
+    def _integer(cls, value: Any) -> Any:
+        """Integers and integer-like objects (numpy ints); never bools, strings or floats."""
+        if value is None or isinstance(value, bool) or isinstance(value, int):
+            return value
+        if hasattr(value, "__index__") and not isinstance(value, float):
+            return operator.index(value)
+        return value  # strict validation rejects it with the field's name
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> "FrontierConfig":
+        """As pydantic's, but errors are :class:`ConfigError` like the constructor's."""
+        try:
+            return super().model_validate(obj, *args, **kwargs)
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
 
@@ -229,6 +252,8 @@ def _format_validation_error(exc: ValidationError) -> str:
         msg = err.get("msg", "")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+        if msg.startswith("invalid FrontierConfig: "):
+            msg = msg[len("invalid FrontierConfig: ") :]
         if err.get("type") == "extra_forbidden":
             msg = f"unknown field {loc!r} (FrontierConfig rejects unknown fields)"
             loc = ""

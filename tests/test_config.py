@@ -167,3 +167,23 @@ def test_top_level_exports():
     for name in ("FrontierConfig", "Frontier", "frontier_generate", "register_backend", "get_backend",
                  "available_backends", "FrontierError", "ConfigError", "InputError"):
         assert name in frontier.__all__ and hasattr(frontier, name), name
+
+
+@pytest.mark.parametrize("bad", [True, "5", 2.0])
+def test_integer_fields_reject_bools_strings_and_floats(bad):
+    with pytest.raises(ConfigError, match=r"top_k: Input should be a valid integer"):
+        FrontierConfig(total_token=5, depth=2, top_k=bad, vocab_size=10, hidden_size=8)
+
+
+def test_integer_like_values_are_accepted_as_int():
+    import numpy as np
+
+    cfg = FrontierConfig(total_token=np.int64(5), depth=np.int32(2), top_k=2, vocab_size=10, hidden_size=8, rope_theta=500000)
+    assert type(cfg.total_token) is int and type(cfg.depth) is int and cfg.rope_theta == 500000.0
+
+
+def test_model_validate_raises_config_error_once_prefixed():
+    with pytest.raises(ConfigError) as info:
+        FrontierConfig.model_validate({"total_token": 5})
+    assert str(info.value).count("invalid FrontierConfig") == 1
+    assert "missing required field 'depth'" in str(info.value)

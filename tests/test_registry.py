@@ -357,3 +357,36 @@ def test_builtins_declare_needs_and_support():
         assert all(isinstance(d, torch.dtype) for d in b.dtypes)
     assert get_backend("stub").requires_weights is False
     assert get_backend("torch_ref").requires_weights is True
+
+
+def test_builtin_backends_are_runnable_here():
+    """conftest's runnable_backends() drops unavailable backends; a broken built-in must not
+    vanish from the suite silently: stub and torch_ref always run, triton under the interpreter."""
+    import os
+
+    for name in ("stub", "torch_ref"):
+        ok, why = frontier.get_backend(name).availability()
+        assert ok, f"{name} unavailable: {why}"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        ok, why = frontier.get_backend("triton").availability()
+        assert ok, f"triton unavailable under the interpreter: {why}"
+
+
+def test_fallback_names_both_backends_when_neither_can_run():
+    class Down(frontier.Backend):
+        requires_weights = True
+
+        def availability(self):
+            return False, "down for maintenance"
+
+    frontier.register_backend("down_one", Down())
+    try:
+        frontier.get_backend("torch_ref").availability = lambda: (False, "no torch_ref today")
+        with pytest.raises(frontier.BackendUnavailableError, match="down for maintenance.*no torch_ref today"):
+            frontier.frontier_generate(
+                frontier.FrontierConfig(total_token=3, depth=1, top_k=2, vocab_size=8, hidden_size=4),
+                torch.zeros(1, 1, 12), backend="down_one", fallback=True,
+            )
+    finally:
+        del frontier.get_backend("torch_ref").availability  # back to the class's method
+        frontier.unregister_backend("down_one")
