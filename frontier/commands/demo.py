@@ -20,6 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=16, help="context length L")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--head", default=None, help="local EAGLE head directory instead of a random head")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="local target checkpoint directory supplying what the head does not ship (the token embedding of "
+        "EAGLE-3 heads, the lm_head of EAGLE-2 heads); only those tensors are read",
+    )
     p.add_argument("--sampling", action="store_true", help="order retrieve_indices for sampling verification")
     p.add_argument("--json", action="store_true", help="print the Frontier as JSON")
     p.set_defaults(func=run)
@@ -48,10 +54,14 @@ def run(args: argparse.Namespace) -> int:
         intermediate_size=128,
     )
     weights = None
+    if args.target and not args.head:
+        from ..errors import InputError
+
+        raise InputError("--target goes with --head (it supplies tensors the head does not ship)")
     if args.head:
         from ..loading import load_draft_head
 
-        head = load_draft_head(args.head, device="cpu", dtype=torch.float32)
+        head = load_draft_head(args.head, target=args.target, device="cpu", dtype=torch.float32)
         weights, cfg = head.weights, head.config(total_token=args.total_token, depth=args.depth, top_k=args.top_k)
     if args.backend is None:
         ok, why = get_backend("torch_ref").availability()
