@@ -49,6 +49,8 @@ from .weights import DraftWeights
 
 __all__ = [
     "generate",
+    "BatchGenerationResult",
+    "BatchGenerationStats",
     "SpeculativeGenerator",
     "GenerationResult",
     "GenerationStats",
@@ -147,6 +149,147 @@ class GenerationResult:
     def new_tokens(self) -> torch.Tensor:
         """[1, N] the generated tokens only."""
         return self.sequences[:, self.prompt_length :]
+
+
+@dataclass
+class BatchGenerationStats:
+    """What one batched :meth:`SpeculativeGenerator.generate` call did.
+
+    ``sequences[b]`` is sequence b's own :class:`GenerationStats` (its new tokens, accepted
+    lengths, stop reason, the forwards it took part in; its times are the batch's, since the
+    sequences share every forward). ``target_forwards`` / ``draft_calls`` count BATCHED calls:
+    one prefill plus one verify forward per step for all active sequences at once, and one
+    draft call per step. ``active`` holds how many sequences took part in each step.
+    """
+
+    backend: str = ""
+    batch_size: int = 0
+    sequences: list[GenerationStats] = field(default_factory=list)
+    target_forwards: int = 0
+    draft_calls: int = 0
+    active: list[int] = field(default_factory=list)
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+    time_total: float = 0.0
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.active)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens for s in self.sequences)
+
+    @property
+    def new_tokens(self) -> int:
+        """New tokens over the whole batch."""
+        return sum(s.new_tokens for s in self.sequences)
+
+    @property
+    def new_tokens_per_sequence(self) -> list[int]:
+        return [s.new_tokens for s in self.sequences]
+
+    @property
+    def stop_reasons(self) -> list[str]:
+        return [s.stop_reason for s in self.sequences]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per (sequence, verify step) pair, over the whole batch; 0.0 before any verify."""
+        n = sum(len(s.accepted_lengths) for s in self.sequences)
+        return sum(sum(s.accepted_lengths) for s in self.sequences) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens of all sequences per second of the whole call."""
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sequences"] = [s.to_dict() for s in self.sequences]
+        d.update(
+            verify_steps=self.verify_steps,
+            prompt_tokens=self.prompt_tokens,
+            new_tokens=self.new_tokens,
+            new_tokens_per_sequence=self.new_tokens_per_sequence,
+            stop_reasons=self.stop_reasons,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return d
+
+    def table(self) -> str:
+        """A small text table: the batch's headline numbers, then one line per sequence."""
+        total = self.time_total or 1e-12
+
+        def pct(t: float) -> str:
+            return f"{t * 1e3:9.1f} ms  ({100 * t / total:5.1f}%)"
+
+        rows = [
+            ("backend", self.backend),
+            ("batch size", str(self.batch_size)),
+            ("prompt tokens", str(self.prompt_tokens)),
+            ("new tokens", f"{self.new_tokens} ({' + '.join(map(str, self.new_tokens_per_sequence))})"),
+            ("target forwards", f"{self.target_forwards} batched (1 prefill + {self.verify_steps} verify)"),
+            ("mean accepted length", f"{self.mean_accepted_length:.3f} tokens / verify / sequence"),
+            ("tokens/s", f"{self.tokens_per_second:.1f} (all sequences)"),
+            ("time prefill", pct(self.time_prefill)),
+            ("time draft", pct(self.time_draft)),
+            ("time verify", pct(self.time_verify)),
+            ("time other", pct(self.time_other)),
+            ("time total", f"{self.time_total * 1e3:9.1f} ms"),
+        ]
+        for b, s in enumerate(self.sequences):
+            rows.append(
+                (f"sequence {b}", f"{s.prompt_tokens} + {s.new_tokens} tokens, {s.mean_accepted_length:.3f} / verify, "
+                 f"stopped by {s.stop_reason}")
+            )
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+@dataclass
+class BatchGenerationResult:
+    """One :class:`GenerationResult` per prompt (``results[b].sequences`` is [1, P_b + N_b], what
+    batch-1 generation returns for prompt b) and the batch's stats."""
+
+    results: list[GenerationResult]
+    stats: BatchGenerationStats
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, b: int) -> GenerationResult:
+        return self.results[b]
+
+    def __iter__(self):
+        return iter(self.results)
+
+    @property
+    def sequences(self) -> list[torch.Tensor]:
+        """Per prompt, [1, P_b + N_b] prompt + new tokens."""
+        return [r.sequences for r in self.results]
+
+    @property
+    def new_tokens(self) -> list[torch.Tensor]:
+        """Per prompt, [1, N_b] the generated tokens only."""
+        return [r.new_tokens for r in self.results]
+
+    def padded(self, pad_token_id: int = 0, padding_side: str = "right") -> torch.Tensor:
+        """[B, max_b(P_b + N_b)] the sequences padded with ``pad_token_id`` on ``padding_side``."""
+        if padding_side not in ("left", "right"):
+            raise InputError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        seqs = self.sequences
+        n = max(s.shape[1] for s in seqs)
+        out = seqs[0].new_full((len(seqs), n), int(pad_token_id))
+        for b, s in enumerate(seqs):
+            if padding_side == "right":
+                out[b, : s.shape[1]] = s[0]
+            else:
+                out[b, n - s.shape[1] :] = s[0]
+        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,6 +545,86 @@ class _TargetRunner:
         )
         return out.logits[0].to(self.device), self._features()
 
+    def prefill_batch(self, prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One forward over B ragged prompts (1-D each), right-padded to P = max P_b.
+
+        Each real row attends causally to its own prompt; padding rows (position ids past the
+        prompt, token 0) are masked out as keys and attend only to themselves. Returns
+        (last logits [B, V_t] at each prompt's last token, features [B, P, F], cache) — the
+        cache holds P rows per sequence, sequence b's valid rows being [0, P_b).
+        """
+        lens = [int(p.shape[0]) for p in prompts]
+        bsz, p_max = len(prompts), max(lens)
+        ids = torch.zeros(bsz, p_max, dtype=torch.long, device=self.device)  # [B, P] right-padded with 0
+        for b, p in enumerate(prompts):
+            ids[b, : lens[b]] = p
+        lens_t = torch.tensor(lens, device=self.device)  # [B]
+        cols = torch.arange(p_max, device=self.device)  # [P]
+        key_ok = cols[None, :] < lens_t[:, None]  # [B, P] real rows
+        causal = cols[None, :] <= cols[:, None]  # [P, P]
+        allowed = (causal[None] & key_ok[:, None, :]) | torch.eye(p_max, dtype=torch.bool, device=self.device)[None]
+        mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, P, P]
+        position_ids = cols[None].expand(bsz, p_max)  # [B, P]
+        last = sorted(set(n - 1 for n in lens))
+        out = self.target(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+            logits_to_keep=torch.tensor(last, device=self.device),
+        )
+        cache = out.past_key_values
+        check_cache(cache)
+        where = torch.tensor([last.index(n - 1) for n in lens], device=out.logits.device)  # [B]
+        logits = out.logits[torch.arange(bsz, device=out.logits.device), where]  # [B, V]
+        return logits.to(self.device), self._features(), cache
+
+    def verify_batch(
+        self, tokens: torch.Tensor, tree_masks: torch.Tensor, tree_position_ids: torch.Tensor, lengths: torch.Tensor,
+        phys: int, cache: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over B trees of T tokens each, appended at the cache's physical end.
+
+        tokens [B, T]; tree_masks [B, T, T] bool (ancestors-or-self); tree_position_ids [B, T];
+        lengths [B] each sequence's valid context rows [0, len_b) of the ``phys`` cached rows.
+        Returns (logits [B, T, V_t], features [B, T, F]).
+        """
+        bsz, t = tokens.shape
+        ctx_ok = torch.arange(phys, device=self.device)[None, :] < lengths[:, None]  # [B, phys]
+        allowed = torch.cat([ctx_ok[:, None, :].expand(bsz, t, phys), tree_masks], dim=2)  # [B, T, phys + T]
+        mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, T, phys + T]
+        position_ids = lengths[:, None] + tree_position_ids  # [B, T]
+        out = self.target(
+            input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True
+        )
+        return out.logits.to(self.device), self._features()
+
+
+def compact_cache_batch(cache: Any, phys: int, lengths: torch.Tensor, paths: torch.Tensor, new_phys: int) -> None:
+    """Batched compaction after a verify forward that appended T tree rows at ``phys``.
+
+    Sequence b's accepted path ``paths[b, :m_b]`` (tree positions, root first; entries past m_b
+    are ignored) moves to rows [len_b, len_b + m_b); then every sequence keeps ``new_phys``
+    physical rows. Rows past a sequence's new length are holes, masked by the next verify.
+    One gather and one scatter per layer tensor, on the device.
+    """
+    bsz, width = paths.shape
+    dst = lengths[:, None] + torch.arange(width, device=paths.device)[None, :]  # [B, W] (<= phys + T - 1)
+    for holder, ka, va in _cache_tensors(cache):
+        for attr in (ka, va):
+            x = getattr(holder, attr)  # [B, n_kv, phys + T, d]
+            t = x.shape[2] - phys
+            src = (paths.clamp(max=t - 1) + phys).to(x.device)  # [B, W]
+            shape = (bsz, x.shape[1], width, x.shape[3])
+            rows = x.gather(2, src[:, None, :, None].expand(shape))  # [B, n_kv, W, d]
+            x.scatter_(2, dst.to(x.device)[:, None, :, None].expand(shape), rows)
+            setattr(holder, attr, x[:, :, :new_phys])
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor, new_phys: int) -> None:
+    """Keep only the batch rows ``rows`` (the sequences still generating), trimmed to ``new_phys``."""
+    for holder, ka, va in _cache_tensors(cache):
+        for attr in (ka, va):
+            x = getattr(holder, attr)  # [B, n_kv, phys, d]
+            setattr(holder, attr, x.index_select(0, rows.to(x.device))[:, :, :new_phys])
+
 
 def _cache_tensors(cache: Any) -> list[tuple[Any, str, str]]:
     """(holder, key attribute, value attribute) per layer, for the supported cache layouts."""
@@ -573,12 +796,73 @@ class SpeculativeGenerator:
             )
         return input_ids.to(device=self.runner.device, dtype=torch.long)
 
+    def _batch_prompts(self, input_ids: Any, attention_mask: Any) -> list[torch.Tensor]:
+        """The prompts of a batch as 1-D long tensors on the target's device (padding removed)."""
+        if isinstance(input_ids, (list, tuple)):
+            if attention_mask is not None:
+                raise InputError(
+                    "attention_mask goes with a padded [B, P] input_ids tensor; a list of prompts needs none"
+                )
+            if len(input_ids) == 0:
+                raise InputError("input_ids is an empty list: pass at least one prompt")
+            out = []
+            for b, p in enumerate(input_ids):
+                if not isinstance(p, torch.Tensor):
+                    raise InputError(
+                        f"input_ids[{b}] must be a torch.Tensor of token ids ([P] or [1, P]) like every prompt of "
+                        f"a batch list, got {type(p).__name__}"
+                    )
+                if p.dim() == 2 and p.shape[0] != 1:
+                    raise InputError(
+                        f"input_ids[{b}] must be one prompt, [P] or [1, P], got shape {list(p.shape)} "
+                        "(a list holds one prompt per entry)"
+                    )
+                try:
+                    out.append(self._check_prompt(p)[0])
+                except InputError as exc:
+                    raise InputError(f"input_ids[{b}]: {exc}") from None
+            return out
+        if not isinstance(input_ids, torch.Tensor):
+            raise InputError(
+                f"input_ids must be a torch.Tensor [B, P] or a list of [P] / [1, P] prompts, got {type(input_ids).__name__}"
+            )
+        ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+        if ids.dim() != 2:
+            raise InputError(f"input_ids must be [B, P], got shape {list(input_ids.shape)}")
+        if attention_mask is None:
+            return [self._check_prompt(row)[0] for row in ids]
+        if not isinstance(attention_mask, torch.Tensor):
+            raise InputError(f"attention_mask must be a torch.Tensor [B, P] of 0/1, got {type(attention_mask).__name__}")
+        am = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+        if am.shape != ids.shape:
+            raise InputError(
+                f"attention_mask must have input_ids' shape {list(ids.shape)}, got {list(attention_mask.shape)}"
+            )
+        if bool(((am != 0) & (am != 1)).any()):
+            raise InputError("attention_mask must hold only 0 (padding) and 1 (token)")
+        out = []
+        for b in range(ids.shape[0]):
+            idx = am[b].nonzero()[:, 0]
+            if idx.numel() == 0:
+                raise InputError(f"attention_mask row {b} is all zeros: prompt {b} is empty (it needs at least one token)")
+            lo, hi = int(idx[0]), int(idx[-1])
+            if hi - lo + 1 != idx.numel():
+                raise InputError(
+                    f"attention_mask row {b} has holes: expected left or right padding (one run of 1s per row)"
+                )
+            try:
+                out.append(self._check_prompt(ids[b, lo : hi + 1])[0])
+            except InputError as exc:
+                raise InputError(f"prompt {b}: {exc}") from None
+        return out
+
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: Union[torch.Tensor, Sequence[torch.Tensor]],
         *,
-        max_new_tokens: int = 128,
+        attention_mask: Optional[torch.Tensor] = None,
+        max_new_tokens: Union[int, Sequence[int]] = 128,
         max_length: Optional[int] = None,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -599,7 +883,25 @@ class SpeculativeGenerator:
         or ``generator`` make sampling reproducible. ``callback(new_token_ids [1, n], stats)``
         runs after every step (progress displays). ``profile`` synchronises the device around
         each phase so the time split is exact.
+
+        Batches: ``input_ids`` a list of prompts ([P_b] or [1, P_b], lengths may differ), or a
+        [B, P] tensor with B > 1 (with ``attention_mask`` [B, P] of 0/1 when it is left- or
+        right-padded), returns a :class:`BatchGenerationResult`: per prompt exactly what batch-1
+        generation returns for it. ``max_new_tokens`` may then be a list (one per prompt);
+        sampling takes ``seed`` (prompt b uses ``seed + b``) or ``generator``, a list of one
+        torch.Generator per prompt. See :meth:`_generate_batch`.
         """
+        kwargs = dict(
+            max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p, top_k=top_k,
+            eos_token_id=eos_token_id, stop_token_ids=stop_token_ids, seed=seed, generator=generator,
+            callback=callback, profile=profile,
+        )
+        if isinstance(input_ids, (list, tuple)) or (
+            isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1
+        ):
+            return self._generate_batch(self._batch_prompts(input_ids, attention_mask), **kwargs)
+        if attention_mask is not None:  # one padded prompt: drop its padding
+            input_ids = self._batch_prompts(input_ids, attention_mask)[0][None]
         prompt = self._check_prompt(input_ids)
         p_len = prompt.shape[1]
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -725,6 +1027,235 @@ class SpeculativeGenerator:
         stats.time_other = max(0.0, stats.time_total - stats.time_prefill - stats.time_draft - stats.time_verify)
         out = state.sequence()[None].clone()
         return GenerationResult(sequences=out, prompt_length=p_len, stats=stats)
+
+
+    def _generate_batch(
+        self,
+        prompts: list[torch.Tensor],
+        *,
+        max_new_tokens: Union[int, Sequence[int]],
+        max_length: Optional[int],
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        eos_token_id: Any,
+        stop_token_ids: Optional[Iterable[int]],
+        seed: Optional[int],
+        generator: Any,
+        callback: Optional[Callable[[list[torch.Tensor], BatchGenerationStats], Any]],
+        profile: bool,
+    ) -> BatchGenerationResult:
+        """The batched loop: every step drafts all active sequences in ONE draft call and verifies
+        all their trees in ONE target forward.
+
+        The target KV cache is one padded buffer [B, kv heads, phys, d]: sequence b's context is
+        rows [0, len_b); rows [len_b, phys) are holes, masked in every verify forward. A verify
+        forward appends each tree's T rows at ``phys`` (positions ``len_b + tree depth``); the
+        compaction then moves each accepted path to [len_b, len_b + m_b) and trims the buffer to
+        max_b(len_b + m_b). A sequence that stops (EOS, stop token, budget) leaves the batch: its
+        cache rows are dropped and it is neither drafted nor verified again. One host read per
+        step fetches every sequence's acceptance.
+        """
+        bsz = len(prompts)
+        lens0 = [int(p.shape[0]) for p in prompts]
+        if isinstance(max_new_tokens, (list, tuple)):
+            if len(max_new_tokens) != bsz:
+                raise InputError(
+                    f"max_new_tokens must be one int or a list of {bsz} ints (one per prompt), got {len(max_new_tokens)}"
+                )
+            asked = list(max_new_tokens)
+        else:
+            asked = [max_new_tokens] * bsz
+        for n in asked:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise InputError(f"max_new_tokens must be a positive int (or a list of them), got max_new_tokens={n!r}")
+        budgets = list(asked)
+        if max_length is not None:
+            if not isinstance(max_length, int) or isinstance(max_length, bool):
+                raise InputError(f"max_length must be an int, got max_length={max_length!r}")
+            for b, p_len in enumerate(lens0):
+                if max_length <= p_len:
+                    raise InputError(
+                        f"max_length={max_length} leaves no room to generate for prompt {b}: it already has {p_len} "
+                        "tokens (max_length counts the prompt plus the new tokens)"
+                    )
+                budgets[b] = min(budgets[b], max_length - p_len)
+        params = SamplingParams(float(temperature), float(top_p), int(top_k)).check()
+        if eos_token_id == "default":
+            gc = getattr(self.runner.target, "generation_config", None)
+            eos_token_id = getattr(gc, "eos_token_id", None)
+        stops = _as_id_set(eos_token_id, "eos_token_id")
+        extra_stops = _as_id_set(stop_token_ids, "stop_token_ids")
+        r, cfg = self.runner, self.cfg
+        device = r.device
+        generators: list[Optional[torch.Generator]] = [None] * bsz
+        if generator is not None:
+            if not isinstance(generator, (list, tuple)) or len(generator) != bsz:
+                raise InputError(
+                    f"with a batch, generator must be a list of {bsz} torch.Generators (one per prompt), "
+                    f"got {type(generator).__name__}; or pass seed= (prompt b samples with seed + b)"
+                )
+            for b, g in enumerate(generator):
+                if not isinstance(g, torch.Generator):
+                    raise InputError(f"generator[{b}] must be a torch.Generator, got {type(g).__name__}")
+                if g.device.type != device.type:
+                    raise InputError(f"generator[{b}] is on {g.device} but the target on {device}")
+            if len({id(g) for g in generator}) != bsz:
+                raise InputError("generator must hold distinct torch.Generators: each prompt draws its own stream")
+            generators = list(generator)
+        elif seed is not None:
+            if not isinstance(seed, int):
+                raise InputError(f"seed must be an int, got {seed!r}")
+            generators = [torch.Generator(device=device).manual_seed(seed + b) for b in range(bsz)]
+
+        bstats = BatchGenerationStats(backend=self.backend, batch_size=bsz)
+        bstats.sequences = [GenerationStats(backend=self.backend, prompt_tokens=n) for n in lens0]
+        width = min(cfg.total_token, cfg.depth + 2)
+        states = [_SequenceState.start(p, budgets[b], device) for b, p in enumerate(prompts)]
+        stop_names = {**{t: "stop_token" for t in extra_stops}, **{t: "eos" for t in stops}}
+        reasons = ["max_new_tokens" if budgets[b] == asked[b] else "max_length" for b in range(bsz)]
+        sync = (lambda: _sync(device)) if profile else (lambda: None)
+        draft_kwargs: dict[str, Any] = {}
+        if self.requires_weights:
+            draft_kwargs["weights"] = self.weights
+            draft_kwargs["cache_max_length"] = max(n + m for n, m in zip(lens0, budgets)) + 2
+            if device.type == "cuda":
+                draft_kwargs["check_token_range"] = False
+
+        def report() -> None:
+            if callback is not None:
+                callback([st.new_tokens()[None] for st in states], bstats)
+
+        r.attach()
+        try:
+            t_start = time.perf_counter()
+            # ---- prefill: one forward over the right-padded prompts --------------------------
+            last_logits, feats, cache = r.prefill_batch(prompts)  # [B, V], [B, P, F]
+            if params.greedy:
+                roots = last_logits.argmax(dim=-1)  # [B]
+            else:
+                probs0 = warp_logits(last_logits, params).softmax(dim=-1)  # [B, V]
+                roots = torch.cat(
+                    [torch.multinomial(probs0[b : b + 1], 1, generator=generators[b])[:, 0] for b in range(bsz)]
+                )  # [B]
+            bstats.target_forwards += 1
+            for b, (st, tok) in enumerate(zip(states, roots.tolist())):  # host read: the first tokens
+                st.fed_len, st.new_feats = lens0[b], feats[b : b + 1, : lens0[b]]
+                bstats.sequences[b].target_forwards += 1
+                st.emit([tok], roots[b : b + 1], stop_names, reasons[b])
+            active = list(range(bsz))
+            phys = max(lens0)
+            active, phys = self._drop_finished(cache, states, active, phys)
+            sync()
+            bstats.time_prefill = time.perf_counter() - t_start
+            report()
+
+            first_draft = True
+            while active:
+                # ---- draft: one batched call ------------------------------------------------
+                t0 = time.perf_counter()
+                frs = frontier_generate(
+                    cfg,
+                    [states[b].new_feats.to(self.feature_dtype) for b in active],
+                    backend=self.backend,
+                    input_ids=[states[b].input_ids()[None] for b in active],  # [1, L_b + 1] each
+                    cache=None if first_draft else [states[b].draft_cache for b in active],
+                    sampling=not params.greedy,
+                    padded=self.padded,
+                    **draft_kwargs,
+                )
+                first_draft = False
+                for b, fr in zip(active, frs):
+                    states[b].draft_cache = fr.cache
+                    bstats.sequences[b].draft_calls += 1
+                bstats.draft_calls += 1
+                bstats.active.append(len(active))
+                sync()
+                t1 = time.perf_counter()
+                bstats.time_draft += t1 - t0
+
+                # ---- verify: one forward over all trees -------------------------------------
+                n_act = len(active)
+                t_max = max(int(fr.draft_tokens.shape[1]) for fr in frs)
+                tokens = torch.zeros(n_act, t_max, dtype=torch.long, device=device)  # [A, T] pad rows: token 0
+                tmasks = torch.eye(t_max, dtype=torch.bool, device=device).repeat(n_act, 1, 1)  # [A, T, T]
+                tpos = torch.zeros(n_act, t_max, dtype=torch.long, device=device)  # [A, T]
+                for i, fr in enumerate(frs):
+                    t_i = fr.draft_tokens.shape[1]
+                    tokens[i, :t_i] = fr.draft_tokens[0].to(device)
+                    tmasks[i, :t_i, :t_i] = fr.tree_mask[0, 0].to(device) > 0
+                    tpos[i, :t_i] = fr.tree_position_ids.to(device)
+                lengths = torch.tensor([states[b].fed_len for b in active], device=device)  # [A]
+                logits, tree_feats = r.verify_batch(tokens, tmasks, tpos, lengths, phys, cache)  # [A, T, V], [A, T, F]
+                bstats.target_forwards += 1
+                paths, smalls, runs = [], [], []
+                for i, fr in enumerate(frs):
+                    t_i = fr.draft_tokens.shape[1]
+                    tok_i, tm_i, tp_i = tokens[i, :t_i], fr.tree_mask.to(device), tpos[i, :t_i]
+                    if params.greedy:
+                        best, path, nxt = greedy_accept(logits[i, :t_i], tok_i, tm_i, tp_i, width)
+                    else:
+                        probs = warp_logits(logits[i, :t_i], params).softmax(dim=-1)  # [T, V]
+                        best, path, nxt = sampling_accept(probs, tok_i, tm_i, tp_i, width, generators[active[i]])
+                    padded_tokens = torch.cat([tok_i, tok_i.new_full((1,), -1)])  # [T + 1], T -> -1
+                    smalls.append(torch.cat([tp_i[best][None], nxt[None], padded_tokens[path]]))  # [2 + width]
+                    runs.append((padded_tokens, nxt))
+                    paths.append(path)
+                vals = torch.stack(smalls).tolist()  # the one host read of the step, for all sequences
+                t2 = time.perf_counter()
+                bstats.time_verify += t2 - t1
+
+                # ---- accept, compact, drop finished sequences -------------------------------
+                new_lens = []
+                for i, b in enumerate(active):
+                    st, sst = states[b], bstats.sequences[b]
+                    acc, next_tok, path_tokens = vals[i][0], vals[i][1], vals[i][2:]
+                    sst.accepted_lengths.append(acc + 1)
+                    sst.target_forwards += 1
+                    padded_tokens, nxt = runs[i]
+                    run = torch.cat([padded_tokens[paths[i][1 : acc + 1]], nxt.reshape(1)])  # [acc + 1]
+                    st.emit(path_tokens[1 : acc + 1] + [next_tok], run, stop_names, reasons[b])
+                    if st.reason is None:
+                        st.new_feats = tree_feats[i : i + 1].index_select(1, paths[i][: acc + 1])  # [1, acc + 1, F]
+                    new_lens.append(st.fed_len + acc + 1)
+                new_phys = max(new_lens)
+                compact_cache_batch(cache, phys, lengths, torch.stack(paths), new_phys)
+                for b, n in zip(active, new_lens):
+                    states[b].fed_len = n
+                phys = new_phys
+                if bstats.verify_steps == 1:
+                    _check_cache_length(cache, phys)
+                active, phys = self._drop_finished(cache, states, active, phys)
+                report()
+                bstats.time_other += time.perf_counter() - t2
+        finally:
+            r.detach()
+        bstats.time_total = time.perf_counter() - t_start
+        bstats.time_other = max(
+            0.0, bstats.time_total - bstats.time_prefill - bstats.time_draft - bstats.time_verify
+        )
+        results = []
+        for b, st in enumerate(states):
+            sst = bstats.sequences[b]
+            sst.new_tokens, sst.stop_reason = len(st.emitted), st.reason or ""
+            for name in ("time_prefill", "time_draft", "time_verify", "time_other", "time_total"):
+                setattr(sst, name, getattr(bstats, name))
+            results.append(GenerationResult(sequences=st.sequence()[None].clone(), prompt_length=lens0[b], stats=sst))
+        return BatchGenerationResult(results=results, stats=bstats)
+
+    @staticmethod
+    def _drop_finished(cache: Any, states: list, active: list[int], phys: int) -> tuple[list[int], int]:
+        """Remove the stopped sequences' rows from the target cache; returns (active, phys)."""
+        keep = [i for i, b in enumerate(active) if states[b].reason is None]
+        if len(keep) == len(active):
+            return active, phys
+        active = [active[i] for i in keep]
+        if not active:
+            return active, 0
+        phys = max(states[b].fed_len for b in active)
+        device = states[active[0]].buffer.device
+        select_cache_rows(cache, torch.tensor(keep, device=device), phys)
+        return active, phys
 
 
 @dataclass
