@@ -29,6 +29,7 @@ VARIANTS = {
     "w8lm64s3": dict(num_warps=8, lm_stage_bytes=65536, num_stages=3),
     "w8s3": dict(num_warps=8, num_stages=3),
     "w8s5": dict(num_warps=8, num_stages=5),
+    "lmhalves": dict(lm_halves=2),
 }
 res = {}
 ref_tokens = None

@@ -379,40 +379,70 @@ def _ph_attn_sum(pid, nprog, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
 
 
 @triton.jit
+def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
+    """Logits of one accumulator block [rows, BM] -> ([BM, rows] keys, row max, valid logits)."""
+    logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, rows]
+    valid = rmask[None, :] & (rm < M)[:, None]
+    logit = tl.where(valid, logit, float("-inf"))
+    return tl.where(valid, _key(logit, rr[None, :]), KEY_NONE), tl.max(logit, axis=1), logit
+
+
+@triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP,
-               BM: tl.constexpr, KP: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+               BM: tl.constexpr, KP: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+               HALVES: tl.constexpr):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: the slab's
     max and sum of exp per row (for the log-softmax) and its top-KP logits per row as ranking
     keys. Each program writes only that partial (keys [BM, KP], max [BM], sum [BM]) to its slot:
-    the [rows, V] logits never reach memory."""
+    the [rows, V] logits never reach memory. HALVES=2 streams the slab as two half-height tiles
+    per stage (two accumulators, same k-chunks, so the same sums)."""
     DT = x_ptr.dtype.element_ty
+    HB: tl.constexpr = BNP // HALVES
     rm = tl.arange(0, BM)
-    rp = tl.arange(0, BNP)
-    rr = pid * RP + rp
-    rmask = (rp < RP) & (rr < V)
+    rp = tl.arange(0, HB)
+    rr1 = pid * RP + rp
+    m1 = (rp < RP) & (rr1 < V)
+    rr2 = rr1 + HB
+    m2 = (rp + HB < RP) & (rr2 < V)
     rk = tl.arange(0, BK)
-    acc = tl.zeros([BNP, BM], dtype=tl.float32)
+    acc1 = tl.zeros([HB, BM], dtype=tl.float32)
+    acc2 = tl.zeros([HB, BM], dtype=tl.float32)
     for k0 in range(0, Kd, BK):
         kk = k0 + rk
-        w = tl.load(w_ptr + rr[:, None] * Kd + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
-        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
+        km = (kk[None, :] < Kd)
+        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0,
+                    cache_modifier=".cg")
+        w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0)
+        if HALVES == 2:
+            w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0)
         if IEEE:
-            acc = tl.dot(w, x, acc, input_precision="ieee")
+            acc1 = tl.dot(w1, x, acc1, input_precision="ieee")
+            if HALVES == 2:
+                acc2 = tl.dot(w2, x, acc2, input_precision="ieee")
         else:
-            acc = tl.dot(w, x, acc)
-    logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, BNP]
-    valid = rmask[None, :] & (rm < M)[:, None]
-    logit = tl.where(valid, logit, float("-inf"))
-    rmax = tl.max(logit, axis=1)
+            acc1 = tl.dot(w1, x, acc1)
+            if HALVES == 2:
+                acc2 = tl.dot(w2, x, acc2)
+    key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
+    if HALVES == 2:
+        key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
+        rmax = tl.maximum(max1, max2)
+    else:
+        rmax = max1
     safe = tl.where(rmax == float("-inf"), 0.0, rmax)
-    rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
-    key = tl.where(valid, _key(logit, rr[None, :]), KEY_NONE)
+    rsum = tl.sum(tl.exp(logit1 - safe[:, None]), axis=1)
+    if HALVES == 2:
+        rsum += tl.sum(tl.exp(logit2 - safe[:, None]), axis=1)
     col = tl.arange(0, KP)[None, :]
     top = tl.full([BM, KP], KEY_NONE, tl.int64)
     for j in tl.static_range(KP):  # KP rounds of the row max: the slab's top-KP, ranked
-        best = tl.max(key, axis=1)[:, None]
-        top = tl.where(col == j, best, top)
-        key = tl.where(key == best, KEY_NONE, key)
+        best = tl.max(key1, axis=1)
+        if HALVES == 2:
+            best = tl.maximum(best, tl.max(key2, axis=1))
+        top = tl.where(col == j, best[:, None], top)
+        key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+        if HALVES == 2:
+            key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
     tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + col, top)
     tl.store(max_ptr + pid * BM + rm, rmax)
     tl.store(sum_ptr + pid * BM + rm, rsum)
@@ -601,7 +631,7 @@ def drafter_kernel(
     BM: tl.constexpr, KP: tl.constexpr,
     BNP_FC: tl.constexpr, BK_FC: tl.constexpr, BNP_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNP_O: tl.constexpr, BK_O: tl.constexpr, BNP_GU: tl.constexpr, BK_GU: tl.constexpr,
-    BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr,
+    BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr,
@@ -690,9 +720,9 @@ def drafter_kernel(
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
         elif ph == 12:  # PH_LMHEAD
             if EAGLE3:
-                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE)
+                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE, LM_HALVES)
             else:
-                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE)
+                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE, LM_HALVES)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
                       BM, KP, BLOCK_P, DT)

@@ -75,6 +75,7 @@ class Tuning:
     num_warps: int = 8
     num_stages: int = 3
     BLOCK_NA: int = 32  # context keys per attention block
+    lm_halves: int = 1  # 2: stream each lm_head slab as two half-height tiles per stage
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
 
@@ -237,6 +238,7 @@ class Drafter:
             BM=self.bm, KP=self.kp,
             BNP_FC=bnp_fc, BK_FC=bk_fc, BNP_QKV=bnp_qkv, BK_QKV=bk_qkv, BNP_O=bnp_o, BK_O=bk_o,
             BNP_GU=bnp_gu, BK_GU=bk_gu, BNP_D=bnp_d, BK_D=bk_d, BNP_LM=bnp_lm, BK_LM=bk_lm,
+            LM_HALVES=tn.lm_halves if bnp_lm >= 32 else 1,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(ws.nch + 1),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
