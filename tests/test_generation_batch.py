@@ -358,3 +358,127 @@ def test_batch_bad_inputs(pair):
     assert not any(layer._forward_pre_hooks for layer in target.model.layers)
     out = gen.generate(p, max_new_tokens=3)
     assert all(torch.equal(out[b].sequences, _reference(target, p[b], 3)) for b in range(3))
+
+
+# ----------------------------------------------------------------------------------------------
+# Plumbing: one forward and one draft call per step, features of the real rows, the draft cache
+# ----------------------------------------------------------------------------------------------
+class RecordingBackend(Backend):
+    """Delegates to torch_ref and records every per-sequence request."""
+
+    name = "test_batch_recording"
+    requires_weights = True
+    dtypes = (torch.float32,)
+
+    def __init__(self):
+        self.requests = []
+
+    def generate(self, request):
+        length = 0 if request.cache is None else request.cache.length
+        self.requests.append((request.input_ids.clone(), request.features.clone(), length, request.cache))
+        return frontier.get_backend("torch_ref").generate(request)
+
+
+def test_one_forward_one_draft_call_per_step_and_features(pair, monkeypatch):
+    target, _, _ = pair
+    cfg, w = _head(target, 10, 3, 3)
+    rec = RecordingBackend()
+    register_backend(rec.name, rec, clobber=True)
+    import frontier.generation as gmod
+
+    draft_calls = []
+    real = gmod.frontier_generate
+
+    def counting(cfg_, feats, **kw):
+        draft_calls.append(len(feats))
+        return real(cfg_, feats, **kw)
+
+    monkeypatch.setattr(gmod, "frontier_generate", counting)
+    forwards = []
+    hook = target.register_forward_hook(lambda m, a, kw, out: forwards.append(kw["input_ids"].shape), with_kwargs=True)
+    prompts = _ragged(21, batch=4, lo=1, hi=12)
+    n = [12, 3, 9, 1]
+    try:
+        out = generate(target, prompts, cfg=cfg, weights=w, backend=rec.name, max_new_tokens=n, eos_token_id=None)
+    finally:
+        hook.remove()
+        unregister_backend(rec.name)
+    s = out.stats
+    assert len(forwards) == s.target_forwards == 1 + s.verify_steps
+    assert forwards[0] == (4, max(p.shape[0] for p in prompts))  # one prefill over the padded batch
+    assert [f[0] for f in forwards[1:]] == s.active  # then one verify forward per step, active trees only
+    assert all(f[1] == cfg.total_token for f in forwards[1:])
+    assert draft_calls == s.active  # one batched draft call per step
+    assert s.active[0] == 3  # the max_new_tokens=1 sequence left after the prefill
+    # Every sequence's draft caches are slots of the one batch allocation made by the first call.
+    bases = {c.k.untyped_storage().data_ptr() for _, _, _, c in rec.requests}
+    assert len(bases) == 1
+    for b, p in enumerate(prompts):
+        mine = [r for r in rec.requests if r[0][0, : p.shape[0]].tolist() == p.tolist()]
+        assert len(mine) == out[b].stats.draft_calls
+        if not mine:  # max_new_tokens=1: done after the prefill, never drafted
+            assert n[b] == 1
+            continue
+        seq = out[b].sequences
+        feats = torch.cat([f for _, f, _, _ in mine], dim=1)  # [1, L_last, F]
+        last_ids, _, last_c, _ = mine[-1]
+        big_l = last_ids.shape[1] - 1
+        assert feats.shape[1] == big_l and last_c + mine[-1][1].shape[1] == big_l
+        assert torch.equal(last_ids[0], seq[0, : big_l + 1])
+        hs = target(seq[:, :big_l], output_hidden_states=True).hidden_states  # hs[i] enters layer i
+        want = torch.cat([hs[2], hs[4], hs[5]], dim=-1)
+        torch.testing.assert_close(feats, want, atol=5e-5, rtol=5e-5)
+
+
+def test_sequences_that_stop_at_the_first_token(pair, oracle):
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=10, depth=4, top_k=2, vocab_size=V, hidden_size=64, feature_size=192)
+    prompts = _ragged(31, batch=3, lo=2, hi=9)
+    free = [_reference(target, p, 20, eos_token_id=None)[0].tolist() for p in prompts]
+    oracle.references, oracle.prompt_lens = free, [p.shape[0] for p in prompts]
+    eos = free[1][prompts[1].shape[0]]  # sequence 1's first new token
+    out = generate(target, prompts, cfg=cfg, backend=oracle.name, max_new_tokens=20, eos_token_id=eos)
+    for b, p in enumerate(prompts):
+        assert torch.equal(out[b].sequences, _reference(target, p, 20, eos_token_id=eos))
+    assert out[1].stats.new_tokens == 1 and out[1].stats.draft_calls == 0 and out[1].stats.stop_reason == "eos"
+    # every sequence done after the prefill: no draft, no verify
+    out = generate(target, prompts, cfg=cfg, backend=oracle.name, max_new_tokens=1, eos_token_id=None)
+    assert out.stats.verify_steps == 0 and out.stats.target_forwards == 1
+    assert [s[0, -1].item() for s in out.sequences] == [free[b][p.shape[0]] for b, p in enumerate(prompts)]
+
+
+def test_batch_eagle2_head(pair):
+    target, _, _ = pair
+    h = target.config.hidden_size
+    cfg = random_config(
+        total_token=14, depth=3, top_k=3, vocab_size=V, hidden_size=h, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=96, architecture="eagle2",
+    )
+    w = random_weights(cfg, seed=5)
+    w.lm_head = target.lm_head.weight.detach()
+    w.embed_tokens = target.get_input_embeddings().weight.detach()
+    prompts = _ragged(8, batch=3)
+    out = generate(target, prompts, cfg=cfg, weights=w, backend="torch_ref", max_new_tokens=11)
+    for b, p in enumerate(prompts):
+        assert torch.equal(out[b].sequences, _reference(target, p, 11))
+
+
+def test_cli_batch(capsys):
+    import json
+
+    from frontier.cli import main
+
+    rc = main(["generate", "--random-tiny", "--batch", "3", "--backend", "torch_ref", "--max-new-tokens", "7", "--compare",
+               "--json", "--device", "cpu", "--total-token", "10", "--depth", "3", "--tree-top-k", "3"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["batch_size"] == 3
+    assert out["compare"]["identical"] is True and out["compare"]["identical_per_sequence"] == [True] * 3
+    assert [len(s["new_token_ids"]) for s in out["sequences"]] == [7, 7, 7]
+    assert len({s["prompt_tokens"] for s in out["sequences"]}) == 3  # ragged prompts
+    assert out["stats"]["target_forwards"] == 1 + out["stats"]["verify_steps"]
+    rc = main(["generate", "--random-tiny", "--input-ids", "5,6,7;8,9", "--backend", "stub", "--max-new-tokens", "4",
+               "--device", "cpu", "--compare"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "batch: 2 prompts of 3, 2 tokens" in text and "identical=True" in text and "sequence 1" in text
+    assert main(["generate", "--random-tiny", "--input-ids", "5,6", "--batch", "2", "--device", "cpu"]) == 2
+    assert "--batch N" in capsys.readouterr().err

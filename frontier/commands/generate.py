@@ -33,8 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     src.add_argument("--seed", type=int, default=0, help="seed for random models and for sampling")
     inp = p.add_argument_group("input")
-    inp.add_argument("--prompt", default=None, help="prompt text (needs the target's tokenizer)")
-    inp.add_argument("--input-ids", default=None, help="comma-separated prompt token ids")
+    inp.add_argument(
+        "--prompt", default=None, action="append",
+        help="prompt text (needs the target's tokenizer); repeat it to generate for a batch of prompts",
+    )
+    inp.add_argument(
+        "--input-ids", default=None, help="comma-separated prompt token ids; several prompts separated by ';' (a batch)"
+    )
+    inp.add_argument(
+        "--batch", type=int, default=None, metavar="N",
+        help="with --random-tiny/--random and no prompt: N random prompts of different lengths, generated as one batch",
+    )
     inp.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
     gen = p.add_argument_group("generation")
     gen.add_argument("--backend", default="torch_ref", help="draft backend (default torch_ref)")
@@ -137,22 +146,32 @@ def run(args: argparse.Namespace) -> int:
 
             tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
 
+    if args.batch is not None and (args.batch < 1 or not preset or args.input_ids is not None or args.prompt):
+        raise InputError("--batch N (N >= 1) makes N random prompts for --random-tiny/--random; with your own "
+                         "prompts repeat --prompt or separate --input-ids prompts with ';'")
+    prompts = []
     if args.input_ids is not None:
-        prompt = torch.tensor([_ids(args.input_ids, "--input-ids")], dtype=torch.long)
+        for part in args.input_ids.split(";"):
+            prompts.append(torch.tensor([_ids(part, "--input-ids")], dtype=torch.long))
     elif args.prompt is not None:
         if tokenizer is None:
             raise InputError("--prompt needs a tokenizer (a --target directory); with random models use --input-ids")
-        if args.chat:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False, add_generation_prompt=True)
-            prompt = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-        else:
-            prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
+        for text in args.prompt:
+            if args.chat:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+                prompts.append(tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids)
+            else:
+                prompts.append(tokenizer(text, return_tensors="pt").input_ids)
     elif preset:
         g = torch.Generator().manual_seed(args.seed)
-        prompt = torch.randint(3, target.config.vocab_size, (1, 16), generator=g)
+        for b in range(args.batch or 1):
+            n = 16 if b == 0 else 3 + (7 * b) % 23  # ragged lengths
+            prompts.append(torch.randint(3, target.config.vocab_size, (1, n), generator=g))
     else:
         raise InputError("give --prompt TEXT or --input-ids 1,2,3")
-    prompt = prompt.to(device)
+    prompts = [p.to(device) for p in prompts]
+    prompt = prompts[0]
+    batched = len(prompts) > 1 or args.batch is not None
 
     gen = SpeculativeGenerator(target, cfg, weights, backend=args.backend)
     kwargs = dict(
@@ -166,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.no_eos or preset:
         kwargs["eos_token_id"] = None  # random models have no meaningful EOS
+    if batched:
+        return _run_batch(args, gen, target, prompts, kwargs, source, tokenizer, device)
     if args.warmup:
         gen.generate(prompt, **{**kwargs, "max_new_tokens": min(8, args.max_new_tokens)})
     show = not args.no_progress and not args.json and sys.stderr.isatty()
@@ -221,3 +242,68 @@ def run(args: argparse.Namespace) -> int:
         if not c["identical"]:
             return 1
     return 0
+
+
+def _run_batch(args, gen, target, prompts, kwargs, source, tokenizer, device) -> int:
+    """A batch of prompts: one draft call and one verify forward per step for all of them."""
+    import torch
+
+    from ..errors import InputError
+
+    if args.warmup:
+        gen.generate(prompts, **{**kwargs, "max_new_tokens": min(8, args.max_new_tokens)})
+    out = gen.generate(prompts, **kwargs)
+    report: dict = {"source": source, "backend": args.backend, "batch_size": len(prompts), "stats": out.stats.to_dict()}
+    report["sequences"] = []
+    for r in out:
+        item = {"prompt_tokens": r.prompt_length, "new_token_ids": r.new_tokens[0].tolist()}
+        if tokenizer is not None:
+            item["text"] = tokenizer.decode(item["new_token_ids"], skip_special_tokens=False)
+        report["sequences"].append(item)
+    if args.compare:
+        if args.temperature > 1e-5:
+            raise InputError("--compare checks greedy losslessness; drop --temperature")
+        eos = kwargs.get("eos_token_id", "default")
+        gkw = {} if eos == "default" else {"eos_token_id": eos}
+        identical, n_ref, dt = [], 0, 0.0
+        for p, r in zip(prompts, out):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                ref = target.generate(
+                    p, do_sample=False,
+                    max_new_tokens=r.sequences.shape[1] - p.shape[1] if args.max_length else args.max_new_tokens,
+                    pad_token_id=getattr(target.config, "pad_token_id", None) or 0, **gkw,
+                )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt += time.perf_counter() - t0
+            n_ref += ref.shape[1] - p.shape[1]
+            identical.append(bool(torch.equal(ref.to(r.sequences.device), r.sequences)))
+        rate = n_ref / dt if dt > 0 else 0.0
+        report["compare"] = {
+            "identical": all(identical),
+            "identical_per_sequence": identical,
+            "target_generate_tokens_per_s": rate,  # one prompt at a time
+            "speedup": out.stats.tokens_per_second / rate if rate else 0.0,
+        }
+    ok = report.get("compare", {}).get("identical", True)
+    if args.json:
+        print(json.dumps(report))
+        return 0 if ok else 1
+    print(f"frontier generate: {source}")
+    print(f"batch: {len(prompts)} prompts of {', '.join(str(p.shape[1]) for p in prompts)} tokens")
+    for b, item in enumerate(report["sequences"]):
+        if "text" in item:
+            print(f"[{b}] text:", item["text"])
+        print(f"[{b}] new tokens:", " ".join(str(t) for t in item["new_token_ids"]))
+    print()
+    print(out.stats.table())
+    if "compare" in report:
+        c = report["compare"]
+        print(
+            f"\ntarget.generate (greedy, one prompt at a time): identical={c['identical']} "
+            f"{c['identical_per_sequence']}  {c['target_generate_tokens_per_s']:.1f} tok/s  speedup x{c['speedup']:.2f}"
+        )
+    return 0 if ok else 1
