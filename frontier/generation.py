@@ -57,6 +57,7 @@ __all__ = [
     "SamplingParams",
     "eagle3_tap_layers",
     "greedy_accept",
+    "greedy_accept_batch",
     "sampling_accept",
     "tree_parents",
     "warp_logits",
@@ -381,6 +382,39 @@ def greedy_accept(
     accepted = ~(m & ~ok[None, :]).any(dim=1)  # [T] whole path agrees
     best = torch.where(accepted, depth, torch.full_like(depth, -1)).argmax()  # [] unique deepest
     return best, _path_of(m, best, width), target_next[best]
+
+
+def greedy_accept_batch(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    tree_masks: torch.Tensor,
+    depth: torch.Tensor,
+    width: int,
+    valid: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`greedy_accept` for B trees at once (same result per tree), with no host read.
+
+    logits [B, T, V]; draft_tokens [B, T]; tree_masks [B, T, T] bool (ancestors-or-self);
+    depth [B, T]; valid [B, T] bool marks real nodes when trees of different sizes share T
+    (padding nodes are never accepted). Returns (best [B], path [B, width] padded with T,
+    next_token [B]).
+    """
+    bsz, t = draft_tokens.shape
+    m = tree_masks  # [B, T, T]
+    cols = torch.arange(t, device=m.device)  # [T]
+    strict = m & (cols[None, :] < cols[:, None])[None]  # [B, T, T]
+    parent = torch.where(strict, cols, torch.zeros_like(cols)).amax(dim=2)  # [B, T]
+    target_next = logits.argmax(dim=-1)  # [B, T]
+    ok = draft_tokens == target_next.gather(1, parent)  # [B, T]
+    ok[:, 0] = True  # the roots were produced by the target itself
+    if valid is not None:
+        ok &= valid
+    accepted = ~(m & ~ok[:, None, :]).any(dim=2)  # [B, T] whole path agrees
+    best = torch.where(accepted, depth, torch.full_like(depth, -1)).argmax(dim=1)  # [B]
+    on_path = m.gather(1, best[:, None, None].expand(bsz, 1, t))[:, 0]  # [B, T] ancestors-or-self of best
+    keyed = torch.where(on_path, cols, torch.full_like(cols, t))  # [B, T]
+    path = torch.sort(keyed, dim=1).values[:, :width]  # [B, width]
+    return best, path, target_next.gather(1, best[:, None])[:, 0]
 
 
 def sampling_accept(
@@ -1188,20 +1222,29 @@ class SpeculativeGenerator:
                 lengths = torch.tensor([states[b].fed_len for b in active], device=device)  # [A]
                 logits, tree_feats = r.verify_batch(tokens, tmasks, tpos, lengths, phys, cache)  # [A, T, V], [A, T, F]
                 bstats.target_forwards += 1
-                paths, smalls, runs = [], [], []
-                for i, fr in enumerate(frs):
-                    t_i = fr.draft_tokens.shape[1]
-                    tok_i, tm_i, tp_i = tokens[i, :t_i], fr.tree_mask.to(device), tpos[i, :t_i]
-                    if params.greedy:
-                        best, path, nxt = greedy_accept(logits[i, :t_i], tok_i, tm_i, tp_i, width)
-                    else:
+                t_sizes = [int(fr.draft_tokens.shape[1]) for fr in frs]
+                if params.greedy:
+                    valid = None
+                    if min(t_sizes) < t_max:
+                        valid = torch.arange(t_max, device=device)[None, :] < torch.tensor(t_sizes, device=device)[:, None]
+                    best, path_all, nxt_all = greedy_accept_batch(logits, tokens, tmasks, tpos, width, valid)
+                else:
+                    bests, path_list, nxt_list = [], [], []
+                    for i, fr in enumerate(frs):
+                        t_i = t_sizes[i]
                         probs = warp_logits(logits[i, :t_i], params).softmax(dim=-1)  # [T, V]
-                        best, path, nxt = sampling_accept(probs, tok_i, tm_i, tp_i, width, generators[active[i]])
-                    padded_tokens = torch.cat([tok_i, tok_i.new_full((1,), -1)])  # [T + 1], T -> -1
-                    smalls.append(torch.cat([tp_i[best][None], nxt[None], padded_tokens[path]]))  # [2 + width]
-                    runs.append((padded_tokens, nxt))
-                    paths.append(path)
-                vals = torch.stack(smalls).tolist()  # the one host read of the step, for all sequences
+                        b_i, p_i, n_i = sampling_accept(
+                            probs, tokens[i, :t_i], fr.tree_mask.to(device), tpos[i, :t_i], width, generators[active[i]]
+                        )
+                        bests.append(b_i)
+                        path_list.append(torch.where(p_i >= t_i, t_max, p_i))  # padding -> t_max
+                        nxt_list.append(n_i)
+                    best, path_all, nxt_all = torch.stack(bests), torch.stack(path_list), torch.stack(nxt_list)
+                padded_tokens = torch.cat([tokens, tokens.new_full((n_act, 1), -1)], dim=1)  # [A, T + 1], T -> -1
+                small = torch.cat(
+                    [tpos.gather(1, best[:, None]), nxt_all[:, None], padded_tokens.gather(1, path_all)], dim=1
+                )  # [A, 2 + width]
+                vals = small.tolist()  # the one host read of the step, for all sequences
                 t2 = time.perf_counter()
                 bstats.time_verify += t2 - t1
 
@@ -1212,14 +1255,13 @@ class SpeculativeGenerator:
                     acc, next_tok, path_tokens = vals[i][0], vals[i][1], vals[i][2:]
                     sst.accepted_lengths.append(acc + 1)
                     sst.target_forwards += 1
-                    padded_tokens, nxt = runs[i]
-                    run = torch.cat([padded_tokens[paths[i][1 : acc + 1]], nxt.reshape(1)])  # [acc + 1]
+                    run = torch.cat([padded_tokens[i, path_all[i, 1 : acc + 1]], nxt_all[i : i + 1]])  # [acc + 1]
                     st.emit(path_tokens[1 : acc + 1] + [next_tok], run, stop_names, reasons[b])
                     if st.reason is None:
-                        st.new_feats = tree_feats[i : i + 1].index_select(1, paths[i][: acc + 1])  # [1, acc + 1, F]
+                        st.new_feats = tree_feats[i : i + 1].index_select(1, path_all[i, : acc + 1])  # [1, acc + 1, F]
                     new_lens.append(st.fed_len + acc + 1)
                 new_phys = max(new_lens)
-                compact_cache_batch(cache, phys, lengths, torch.stack(paths), new_phys)
+                compact_cache_batch(cache, phys, lengths, path_all, new_phys)
                 for b, n in zip(active, new_lens):
                     states[b].fed_len = n
                 phys = new_phys

@@ -240,7 +240,7 @@ def test_padded_tensor_with_attention_mask(pair):
     want = generate(target, prompts, cfg=cfg, weights=w, backend="torch_ref", max_new_tokens=n)
     p_max = max(p.shape[0] for p in prompts)
     for side in ("left", "right"):
-        ids = torch.zeros(len(prompts), p_max, dtype=torch.long)
+        ids = torch.randint(3, V, (len(prompts), p_max), generator=torch.Generator().manual_seed(1))  # junk padding
         mask = torch.zeros_like(ids)
         for b, p in enumerate(prompts):
             sl = slice(p_max - p.shape[0], p_max) if side == "left" else slice(0, p.shape[0])
@@ -482,3 +482,58 @@ def test_cli_batch(capsys):
     assert rc == 0 and "batch: 2 prompts of 3, 2 tokens" in text and "identical=True" in text and "sequence 1" in text
     assert main(["generate", "--random-tiny", "--input-ids", "5,6", "--batch", "2", "--device", "cpu"]) == 2
     assert "--batch N" in capsys.readouterr().err
+
+
+def test_batch_eager_attention(oracle):
+    """The 4-D masks work the same with eager attention (long accepted runs through the oracle)."""
+    target, _, _ = random_pair("tiny", seed=4, attn_implementation="eager")
+    cfg = FrontierConfig(total_token=14, depth=5, top_k=3, vocab_size=V, hidden_size=64, feature_size=192)
+    prompts = _ragged(12, batch=4)
+    n = [18, 9, 25, 14]
+    refs = [_reference(target, p, 40, eos_token_id=None) for p in prompts]
+    oracle.references, oracle.prompt_lens = [r[0].tolist() for r in refs], [p.shape[0] for p in prompts]
+    out = generate(target, prompts, cfg=cfg, backend=oracle.name, max_new_tokens=n, eos_token_id=None)
+    for b, p in enumerate(prompts):
+        assert torch.equal(out[b].sequences, refs[b][:, : p.shape[0] + n[b]])
+    assert out.stats.mean_accepted_length > 1.0
+
+
+def test_greedy_accept_batch_equals_per_tree():
+    """The batched acceptance is greedy_accept on each tree, with trees of different sizes padded."""
+    from frontier.generation import greedy_accept, greedy_accept_batch
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 3  # few tokens: many draft tokens agree with the target's argmax, deep acceptances
+    deepest = 0
+    for trial in range(12):
+        rng = random.Random(trial)
+        trees = []
+        for _ in range(rng.randint(1, 5)):
+            t, d, k = rng.choice(TREES + [(9, 3, 2), (30, 4, 3)])
+            cfg = FrontierConfig(total_token=t, depth=d, top_k=k, vocab_size=V, hidden_size=64, feature_size=192)
+            fr = frontier.frontier_generate(cfg, torch.randn(1, 3, 192, generator=g), backend="stub", seed=rng.randint(0, 99))
+            trees.append(fr)
+        width = max(min(fr.draft_tokens.shape[1], int(fr.tree_position_ids.max()) + 2) for fr in trees)
+        t_max = max(fr.draft_tokens.shape[1] for fr in trees)
+        b = len(trees)
+        tokens = torch.zeros(b, t_max, dtype=torch.long)
+        masks = torch.eye(t_max, dtype=torch.bool).repeat(b, 1, 1)
+        depth = torch.zeros(b, t_max, dtype=torch.long)
+        logits = torch.randn(b, t_max, vocab, generator=g)
+        for i, fr in enumerate(trees):
+            t = fr.draft_tokens.shape[1]
+            tokens[i, :t] = torch.randint(0, vocab, (t,), generator=g)
+            masks[i, :t, :t] = fr.tree_mask[0, 0] > 0
+            depth[i, :t] = fr.tree_position_ids
+        valid = torch.arange(t_max)[None] < torch.tensor([fr.draft_tokens.shape[1] for fr in trees])[:, None]
+        best, path, nxt = greedy_accept_batch(logits, tokens, masks, depth, width, valid)
+        for i, fr in enumerate(trees):
+            t = fr.draft_tokens.shape[1]
+            b1, p1, n1 = greedy_accept(logits[i, :t], tokens[i, :t], fr.tree_mask, depth[i, :t], width)
+            assert int(best[i]) == int(b1) and int(nxt[i]) == int(n1), (trial, i)
+            mine = torch.where(path[i] >= t, t_max, path[i])  # padding -> t_max
+            n = p1.shape[0]  # a tree smaller than width has a shorter path
+            assert torch.equal(mine[:n], torch.where(p1 >= t, t_max, p1)) and bool((mine[n:] == t_max).all())
+            assert int(depth[i, b1]) + 1 == int((mine < t_max).sum())
+            deepest = max(deepest, int(depth[i, b1]))
+    assert deepest >= 3, "the random cases never accepted a deep path"
