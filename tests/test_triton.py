@@ -194,3 +194,18 @@ def test_gpu_barrier_timeout_raises_and_keeps_cache(monkeypatch):
                           mode="persistent")
     assert cache.length == length
     assert torch.equal(cache.k[:, :, :length], k0[:, :, :length])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_tree_packing_equals_pack_tree(seed):
+    # the final phase packs the tree itself (greedy); pack="torch" uses frontier.tree.pack_tree
+    cfg = random_config(total_token=11 + seed, depth=3 + seed % 2, top_k=3, vocab_size=40)
+    w = random_weights(cfg, seed=seed, lm_head_scale=(2.0, 8.0, 30.0)[seed], device=DEVICE)
+    ids, feats = random_inputs(cfg, context=4, seed=seed + 9)
+    for padded in (False, True):
+        a = _sequence(cfg, w, ids, feats, "triton", [4], False, padded=padded)[0]
+        b = _sequence(cfg, w, ids, feats, "triton", [4], False, padded=padded, pack="torch")[0]
+        for x, y in zip((a.draft_tokens, a.retrieve_indices, a.tree_mask, a.tree_position_ids, a.leaf_count),
+                        (b.draft_tokens, b.retrieve_indices, b.tree_mask, b.tree_position_ids, b.leaf_count)):
+            assert x.shape == y.shape and torch.equal(x.cpu(), y.cpu())
+        a.check_invariants(total_token=cfg.total_token, depth=cfg.depth, top_k=cfg.top_k, sampling=False)

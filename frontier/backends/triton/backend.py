@@ -102,19 +102,27 @@ class TritonBackend(Backend):
             root = request.input_ids[0, -1:].contiguous()  # [1]
             d.run(w, features, ids_new, root, cache, c, n, mode)
             out_tok, out_par, out_score = d.out_tok, d.out_par, d.out_score
-            packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+            if request.sampling or request.options.get("pack") == "torch":
+                # sampling orders retrieve rows lexicographically: the shared packer does it
+                packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
+                mask, pos, ret, leaf_count = packed.tree_mask, packed.tree_position_ids, packed.retrieve_indices, packed.leaf_count
+            else:  # packed in the kernel's final phase, pack_tree's exact layout
+                mask, pos, ret, leaf_count = d.out_mask[None, None], d.out_pos, d.out_ret, d.out_leaf[0]
+                if not request.padded:  # the one host read that sizes retrieve_indices
+                    n_leaves, deepest = d.out_leaf.tolist()
+                    ret = ret[:n_leaves, : deepest + 1].contiguous()
             if mode == "persistent":
                 d.check_error()  # one host read, after the packing work is queued behind the kernel
         cache.commit(c + n)  # the kernel wrote rows [c, c+n); only now do they count
         return Frontier(
             draft_tokens=out_tok[None],
-            retrieve_indices=packed.retrieve_indices,
-            tree_mask=packed.tree_mask,
-            tree_position_ids=packed.tree_position_ids,
+            retrieve_indices=ret,
+            tree_mask=mask,
+            tree_position_ids=pos,
             cache=cache,
             scores=out_score,
             parents=torch.cat([out_par.new_zeros(1), out_par]),
-            leaf_count=packed.leaf_count,
+            leaf_count=leaf_count,
             padded=request.padded,
         )
 

@@ -541,10 +541,14 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
 
 
 @triton.jit
-def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
-              out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C: tl.constexpr):
+def _ph_final(C, T, K, D1, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
+              out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
+              BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     """One program: top-(T-1) of the C candidates (ties to the lower index), in ascending
-    candidate order; tokens, scores and parent positions (searchsorted semantics)."""
+    candidate order; tokens, scores and parent positions (searchsorted semantics); then the tree
+    packed exactly as ``frontier.tree.pack_tree`` packs it (padded layout): tree_mask,
+    tree_position_ids, retrieve_indices [T, D1+1] (leaves ascending, -1 padded), leaf count and
+    deepest level. D1 = min(D+1, T-1) is the number of parent-pointer steps."""
     rc = tl.arange(0, BLOCK_C)
     cm = rc < C
     cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0, cache_modifier=".cg")
@@ -570,6 +574,36 @@ def _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_
     root = tl.load(root_ptr, cache_modifier=".cg")
     tl.store(out_tok_ptr, root)
     tl.store(out_score_ptr, 0.0)
+
+    # ---- tree packing ----
+    tl.store(pf_ptr + pos, ppos, mask=chosen)  # pf[node] = parent position
+    tl.store(pf_ptr + rc, tl.zeros([BLOCK_C], tl.int32), mask=rc == 0)  # the root is its own parent
+    tl.debug_barrier()
+    rt = tl.arange(0, BLOCK_T)
+    tm = rt < T
+    both = tm[:, None] & tm[None, :]
+    anc = (rt[:, None] == rt[None, :]) & both
+    cur = rt
+    for _s in range(D1):  # one parent-pointer step per tree level
+        cur = tl.load(pf_ptr + cur, mask=tm, other=0)
+        anc = anc | ((rt[None, :] == cur[:, None]) & both)
+    posid = tl.sum(anc.to(tl.int32), axis=1) - 1
+    pf = tl.load(pf_ptr + rt, mask=tm, other=-1)
+    is_par = tl.max(((pf[None, :] == rt[:, None]) & (rt[None, :] >= 1) & both).to(tl.int32), axis=1)
+    lf = tl.where(tm & (is_par == 0), 1, 0)
+    rank = tl.cumsum(lf, axis=0) - 1
+    tl.store(out_mask_ptr + rt[:, None] * T + rt[None, :], anc.to(tl.float32), mask=both)
+    tl.store(out_pos_ptr + rt, posid.to(tl.int64), mask=tm)
+    W = D1 + 1
+    rw = tl.arange(0, BLOCK_W)
+    tl.store(out_ret_ptr + rt[:, None] * W + rw[None, :], tl.full([BLOCK_T, BLOCK_W], -1, tl.int64),
+             mask=tm[:, None] & (rw < W)[None, :])
+    tl.debug_barrier()
+    path = anc & (lf == 1)[:, None]  # leaf i's path: its ancestor columns j at depth posid[j]
+    vals = tl.zeros([BLOCK_T, BLOCK_T], tl.int64) + rt[None, :].to(tl.int64)
+    tl.store(out_ret_ptr + rank[:, None] * W + posid[None, :], vals, mask=path)
+    tl.store(out_leaf_ptr, tl.sum(lf, axis=0).to(tl.int64))
+    tl.store(out_leaf_ptr + 1, tl.max(tl.where(tm, posid, 0), axis=0).to(tl.int64))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -621,9 +655,10 @@ def drafter_kernel(
     hcur_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
     tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
-    cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
+    cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
+    out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
-    n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, max_len, SK, eps, sqrt_d,
+    n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, max_len, SK, eps, sqrt_d,
     RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
@@ -634,7 +669,7 @@ def drafter_kernel(
     BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_CH: tl.constexpr,
+    BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -738,8 +773,9 @@ def drafter_kernel(
                                False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
         elif ph == 15:  # PH_FINAL
             if pid == 0:
-                _ph_final(C, T, K, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
-                          out_tok_ptr, out_par_ptr, out_score_ptr, BLOCK_C)
+                _ph_final(C, T, K, tl.minimum(D + 1, T - 1), cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr,
+                          cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr,
+                          out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
             if TIMING:

@@ -141,6 +141,7 @@ class Workspace:
         self.cand_tok = e(self.C, dt=torch.int64)
         self.row_par = e(1 + depth * k, dt=torch.int64)
         self.cnt = e(self.block_c, dt=torch.int32)
+        self.pf = e(max(self.block_c, cfg.total_token), dt=torch.int32)
         self.sync = torch.zeros(2, dtype=torch.int32, device=device)
         self.times = torch.zeros(1, dtype=torch.int64, device=device)
 
@@ -216,10 +217,11 @@ class Drafter:
             ws.hcur, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
-            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, self.out_tok, self.out_par, self.out_score,
+            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, self.out_tok, self.out_par, self.out_score,
+            self.out_mask, self.out_pos, self.out_ret, self.out_leaf,
             n_new, c_len, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
             cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
-            ws.C, cfg.total_token, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
+            ws.C, cfg.total_token, cfg.depth, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
         ]
         groups = cfg.num_attention_heads // cfg.num_key_value_heads
         h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
@@ -242,6 +244,7 @@ class Drafter:
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(ws.nch + 1),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
+            BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.num_warps, num_stages=tn.num_stages,
         )
         grid = (self.grid,)
@@ -273,11 +276,21 @@ class Drafter:
     def max_spin() -> int:
         return int(os.environ.get("FRONTIER_TRITON_MAX_SPIN", "2000000"))
 
+    @property
+    def ret_width(self) -> int:
+        """Columns of padded retrieve_indices: pack_tree's min(D+1, T-1) + 1."""
+        return min(self.cfg.depth + 1, self.cfg.total_token - 1) + 1
+
     def alloc_outputs(self) -> None:
-        t = self.cfg.total_token
-        self.out_tok = torch.empty(t, dtype=torch.int64, device=self.device)
-        self.out_par = torch.empty(t - 1, dtype=torch.int64, device=self.device)
-        self.out_score = torch.empty(t, dtype=torch.float32, device=self.device)
+        """Fresh output tensors for one call (they are returned in the Frontier)."""
+        t, dev = self.cfg.total_token, self.device
+        self.out_tok = torch.empty(t, dtype=torch.int64, device=dev)
+        self.out_par = torch.empty(t - 1, dtype=torch.int64, device=dev)
+        self.out_score = torch.empty(t, dtype=torch.float32, device=dev)
+        self.out_mask = torch.empty(t, t, dtype=torch.float32, device=dev)
+        self.out_pos = torch.empty(t, dtype=torch.int64, device=dev)
+        self.out_ret = torch.empty(t, self.ret_width, dtype=torch.int64, device=dev)
+        self.out_leaf = torch.empty(2, dtype=torch.int64, device=dev)  # leaf count, deepest level
 
     def check_error(self) -> None:
         """Raise KernelError when a grid barrier timed out (one host read)."""
