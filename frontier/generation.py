@@ -24,6 +24,11 @@ The loop (EAGLE-2/EAGLE-3 dynamic trees):
    (The draft cache never holds tree rows, so it needs no compaction: the next draft call
    appends the accepted rows' draft K/V from their target features.)
 
+Batches (a list of ragged prompts, or a padded [B, P] tensor with its attention_mask) run the
+same loop for all sequences at once: one draft call (``frontier_generate`` with per-sequence
+lists) and one target forward per step, over one padded target KV buffer with per-sequence
+lengths; see :meth:`SpeculativeGenerator._generate_batch`.
+
 Greedy verification accepts exactly the tokens the target's argmax would produce, so the output
 equals ``target.generate(do_sample=False)``. Sampling verification is EAGLE's tree rejection
 scheme: at each accepted node the children are tried in node order, child ``x`` is accepted with
@@ -907,7 +912,7 @@ class SpeculativeGenerator:
         generator: Optional[torch.Generator] = None,
         callback: Optional[Callable[[torch.Tensor, GenerationStats], Any]] = None,
         profile: bool = True,
-    ) -> GenerationResult:
+    ) -> Union[GenerationResult, BatchGenerationResult]:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` [1, P].
 
         Stops at the first EOS / stop token (kept in the output, like ``generate``), after
@@ -923,7 +928,8 @@ class SpeculativeGenerator:
         right-padded), returns a :class:`BatchGenerationResult`: per prompt exactly what batch-1
         generation returns for it. ``max_new_tokens`` may then be a list (one per prompt);
         sampling takes ``seed`` (prompt b uses ``seed + b``) or ``generator``, a list of one
-        torch.Generator per prompt. See :meth:`_generate_batch`.
+        torch.Generator per prompt; ``callback(list of [1, n_b] new tokens, batch stats)``. See
+        :meth:`_generate_batch`.
         """
         kwargs = dict(
             max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -1363,18 +1369,20 @@ def _check_cache_length(cache: Any, expect: int) -> None:
 
 def generate(
     target: Any,
-    input_ids: torch.Tensor,
+    input_ids: Union[torch.Tensor, Sequence[torch.Tensor]],
     *,
     cfg: FrontierConfig,
     weights: Optional[DraftWeights] = None,
     backend: str = "torch_ref",
     padded: bool = True,
     **kwargs: Any,
-) -> GenerationResult:
+) -> Union[GenerationResult, "BatchGenerationResult"]:
     """Speculative generation in one call; see :class:`SpeculativeGenerator` and its ``generate``.
 
-    ``kwargs``: max_new_tokens, max_length, temperature, top_p, top_k, eos_token_id,
-    stop_token_ids, seed, generator, callback, profile.
+    ``input_ids``: one prompt [1, P] (returns a :class:`GenerationResult`), or a batch — a list of
+    prompts or a [B, P] tensor, B > 1 — (returns a :class:`BatchGenerationResult`).
+    ``kwargs``: attention_mask, max_new_tokens, max_length, temperature, top_p, top_k,
+    eos_token_id, stop_token_ids, seed, generator, callback, profile.
     """
     gen = SpeculativeGenerator(target, cfg, weights, backend=backend, padded=padded)
     return gen.generate(input_ids, **kwargs)

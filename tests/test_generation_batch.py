@@ -247,9 +247,13 @@ def test_padded_tensor_with_attention_mask(pair):
             ids[b, sl], mask[b, sl] = p, 1
         out = generate(target, ids, attention_mask=mask, cfg=cfg, weights=w, backend="torch_ref", max_new_tokens=n)
         assert all(torch.equal(a, b) for a, b in zip(out.sequences, want.sequences)), side
-        # HF's own batched generate on the same padded tensor, new tokens per row
-        padded = out.padded(pad_token_id=0, padding_side="right")
-        assert padded.shape == (len(prompts), max(s.shape[1] for s in want.sequences))
+        for pad_side in ("left", "right"):
+            padded = out.padded(pad_token_id=-7, padding_side=pad_side)
+            assert padded.shape == (len(prompts), max(s.shape[1] for s in want.sequences))
+            for b, seq in enumerate(want.sequences):
+                row = padded[b][padded[b] != -7]
+                assert torch.equal(row, seq[0])
+                assert (padded[b, : seq.shape[1]] if pad_side == "right" else padded[b, -seq.shape[1] :]).ne(-7).all()
     # an unpadded [B, P] tensor is B prompts of length P; a list of one prompt is a batch of one
     same = torch.stack([prompts[0][:2], prompts[1][:2]])
     out = generate(target, same, cfg=cfg, weights=w, backend="torch_ref", max_new_tokens=5)
@@ -537,3 +541,28 @@ def test_greedy_accept_batch_equals_per_tree():
             assert int(depth[i, b1]) + 1 == int((mine < t_max).sum())
             deepest = max(deepest, int(depth[i, b1]))
     assert deepest >= 3, "the random cases never accepted a deep path"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_ragged_batches(pair, oracle, seed):
+    """Random B, prompt lengths, tree shape, budgets, stop tokens and acceptance depths, against
+    target.generate on each prompt alone."""
+    target, _, _ = pair
+    rng = random.Random(1234 + seed)
+    t, d, k = rng.choice(TREES + [(12, 6, 2), (30, 4, 3)])
+    cfg = FrontierConfig(total_token=t, depth=d, top_k=k, vocab_size=V, hidden_size=64, feature_size=192)
+    prompts = _ragged(300 + seed, lo=1, hi=20)
+    n = [rng.randint(1, 30) for _ in prompts]
+    free = [_reference(target, p, 40, eos_token_id=None)[0].tolist() for p in prompts]
+    oracle.references, oracle.prompt_lens = free, [p.shape[0] for p in prompts]
+    oracle.rng = random.Random(seed)
+    b0 = rng.randrange(len(prompts))
+    eos = free[b0][prompts[b0].shape[0] + rng.randint(0, 25)]
+    padded = rng.random() < 0.7
+    out = generate(target, prompts, cfg=cfg, backend=oracle.name, max_new_tokens=n, eos_token_id=eos, padded=padded)
+    for b, p in enumerate(prompts):
+        ref = _reference(target, p, n[b], eos_token_id=eos)
+        assert torch.equal(out[b].sequences, ref), f"seed {seed} sequence {b}"
+        stops_early = eos in free[b][p.shape[0] : p.shape[0] + n[b]]  # within its budget
+        assert out[b].stats.stop_reason == ("eos" if stops_early else "max_new_tokens")
+    assert out.stats.target_forwards == 1 + out.stats.verify_steps
