@@ -44,6 +44,15 @@ class DraftRequest:
         """L: tokens before the root (None-safe only when input_ids is given)."""
         return self.input_ids.shape[1] - 1
 
+    def draft_cache(self) -> DraftCache:
+        """The cache this call appends to: the caller's, or a fresh one sized for the context."""
+        if self.cache is not None:
+            return self.cache
+        w = self.weights
+        return DraftCache.fresh(
+            self.cfg, context_length=self.context_length, dtype=w.dtype, device=w.device, max_length=self.cache_max_length
+        )
+
 
 def frontier_generate(
     cfg: FrontierConfig,

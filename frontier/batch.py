@@ -15,15 +15,13 @@ before the call (rows past a cache's length are scratch, so this restores it exa
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .cache import DEFAULT_MAX_LENGTH, DraftCache
+from .cache import DEFAULT_MAX_LENGTH, DraftCache, default_max_length
 from .config import FrontierConfig
-from .errors import BackendUnavailableError, FrontierError, InputError
-from .registry import get_backend
+from .errors import FrontierError, InputError
 from .result import Frontier
 from .weights import DraftWeights
 
@@ -109,7 +107,7 @@ def frontier_generate_batch(
         if needs_cache and weights is not None and input_ids is not None and all(isinstance(i, torch.Tensor) for i in input_ids):
             cfg.require_layer_dims(f"backend {backend!r}")
             longest = max(int(i.shape[-1]) - 1 for i in input_ids)
-            max_len = cache_max_length or max(DEFAULT_MAX_LENGTH, 2 * longest)
+            max_len = cache_max_length or default_max_length(longest)
             fresh = BatchDraftCache(cfg, batch, max_length=max_len, dtype=weights.dtype, device=weights.device)
             cache_list = list(fresh)
     else:

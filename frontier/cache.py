@@ -18,6 +18,11 @@ from .errors import CacheError
 DEFAULT_MAX_LENGTH = 4096
 
 
+def default_max_length(context_length: int) -> int:
+    """Rows preallocated for a fresh cache: 4096, or twice the context when that is longer."""
+    return max(DEFAULT_MAX_LENGTH, 2 * context_length)
+
+
 class DraftCache:
     """Keys/values ``[num_layers, num_kv_heads, max_length, head_dim]`` plus a committed length."""
 
@@ -46,6 +51,15 @@ class DraftCache:
             raise CacheError(f"length must lie in [0, {k.shape[2]}], got {length}")
         cache = cls.__new__(cls)
         cache.k, cache.v, cache.length = k, v, length
+        return cache
+
+    @classmethod
+    def fresh(
+        cls, cfg: FrontierConfig, *, context_length: int, dtype: torch.dtype, device: Any, max_length: Optional[int] = None
+    ) -> "DraftCache":
+        """An empty cache sized for a first call over ``context_length`` rows (CacheError if it cannot fit)."""
+        cache = cls.for_config(cfg, max_length=max_length or default_max_length(context_length), dtype=dtype, device=device)
+        cache.check_room(context_length)
         return cache
 
     @classmethod
@@ -134,4 +148,4 @@ class DraftCache:
         )
 
 
-__all__ = ["DraftCache", "DEFAULT_MAX_LENGTH"]
+__all__ = ["DraftCache", "DEFAULT_MAX_LENGTH", "default_max_length"]

@@ -132,7 +132,6 @@ class NaiveEagle:
         h_last = h[:, -1]
         lp = self.logp(h_last)[0]
         top = torch.topk(lp, K)
-        cand_scores = [float(x) for x in top.values]
         cand_scores_t = [top.values]
         cand_tokens = [int(x) for x in self.to_target(top.indices)]
         cand_parent = [0] * K  # stored parent per candidate (candidate index + 1, 0 = root)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...cache import DEFAULT_MAX_LENGTH, DraftCache
+from ...cache import DraftCache
 from ...config import FrontierConfig
 from ...result import Frontier
 from ...tree import expansion_parents, pack_tree, select_nodes
@@ -126,11 +126,7 @@ def draft_call(request) -> Frontier:
     cfg, w = request.cfg, request.weights
     ids = request.input_ids[0, 1:]  # [L] the token paired with each hidden state
     big_l = ids.shape[0]
-    cache = request.cache
-    if cache is None:
-        max_len = request.cache_max_length or max(DEFAULT_MAX_LENGTH, 2 * big_l)
-        cache = DraftCache.for_config(cfg, max_length=max_len, dtype=w.dtype, device=w.device)
-        cache.check_room(big_l)
+    cache = request.draft_cache()
     c = cache.length
 
     # 1. context step

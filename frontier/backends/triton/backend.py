@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from ...cache import DEFAULT_MAX_LENGTH, DraftCache
 from ...errors import InputError
 from ...registry import Backend
 from ...result import Frontier
@@ -85,12 +84,7 @@ class TritonBackend(Backend):
             raise InputError("option mode='persistent' cannot run under TRITON_INTERPRET=1 (its grid barrier would spin)")
 
         ids = request.input_ids[0, 1:]  # [L] token paired with each hidden state
-        big_l = ids.shape[0]
-        cache = request.cache
-        if cache is None:
-            max_len = request.cache_max_length or max(DEFAULT_MAX_LENGTH, 2 * big_l)
-            cache = DraftCache.for_config(cfg, max_length=max_len, dtype=w.dtype, device=w.device)
-            cache.check_room(big_l)
+        cache = request.draft_cache()
         c = cache.length
         n = request.num_new
 

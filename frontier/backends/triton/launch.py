@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -223,7 +223,6 @@ class Drafter:
             cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
             ws.C, cfg.total_token, cfg.depth, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
         ]
-        groups = cfg.num_attention_heads // cfg.num_key_value_heads
         h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
         nq, nkv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         attn_in = 2 * h if eagle3 else h
