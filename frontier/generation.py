@@ -869,7 +869,13 @@ class SpeculativeGenerator:
         if ids.dim() != 2:
             raise InputError(f"input_ids must be [B, P], got shape {list(input_ids.shape)}")
         if attention_mask is None:
-            return [self._check_prompt(row)[0] for row in ids]
+            out = []
+            for b, row in enumerate(ids):
+                try:
+                    out.append(self._check_prompt(row)[0])
+                except InputError as exc:
+                    raise InputError(f"prompt {b}: {exc}") from None
+            return out
         if not isinstance(attention_mask, torch.Tensor):
             raise InputError(f"attention_mask must be a torch.Tensor [B, P] of 0/1, got {type(attention_mask).__name__}")
         am = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
@@ -1236,11 +1242,12 @@ class SpeculativeGenerator:
                     best, path_all, nxt_all = greedy_accept_batch(logits, tokens, tmasks, tpos, width, valid)
                 else:
                     bests, path_list, nxt_list = [], [], []
-                    for i, fr in enumerate(frs):
+                    probs_all = warp_logits(logits.flatten(0, 1), params).softmax(dim=-1).view(n_act, t_max, -1)
+                    for i, fr in enumerate(frs):  # each sequence draws from its own generator
                         t_i = t_sizes[i]
-                        probs = warp_logits(logits[i, :t_i], params).softmax(dim=-1)  # [T, V]
                         b_i, p_i, n_i = sampling_accept(
-                            probs, tokens[i, :t_i], fr.tree_mask.to(device), tpos[i, :t_i], width, generators[active[i]]
+                            probs_all[i, :t_i], tokens[i, :t_i], fr.tree_mask.to(device), tpos[i, :t_i], width,
+                            generators[active[i]],
                         )
                         bests.append(b_i)
                         path_list.append(torch.where(p_i >= t_i, t_max, p_i))  # padding -> t_max

@@ -328,6 +328,8 @@ def test_batch_bad_inputs(pair):
         gen.generate([p[0], p[1], torch.tensor([1, 300])])
     with pytest.raises(InputError, match=r"input_ids\[0\]: input_ids must hold integer"):
         gen.generate([p[0].float(), p[1]])
+    with pytest.raises(InputError, match=r"prompt 1: input_ids must lie in \[0, 256\)"):
+        gen.generate(torch.tensor([[4, 5], [6, 256]]))
     with pytest.raises(InputError, match="empty list"):
         gen.generate([])
     with pytest.raises(InputError, match="a list of prompts needs none"):
