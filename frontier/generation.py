@@ -814,17 +814,20 @@ class SpeculativeGenerator:
     # ------------------------------------------------------------------------------------------
     def _check_prompt(self, input_ids: Any) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor):
-            raise InputError(f"input_ids must be a torch.Tensor [1, P] of token ids, got {type(input_ids).__name__}")
+            raise InputError(
+                f"input_ids must be a torch.Tensor [1, P] of token ids (or a batch: [B, P] or a list of prompts), "
+                f"got {type(input_ids).__name__}"
+            )
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.dim() != 2:
             raise InputError(f"input_ids must be [1, P], got shape {list(input_ids.shape)}")
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise InputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.shape[0] != 1:
+        if input_ids.shape[0] != 1:  # batches ([B > 1, P] or lists) go through _batch_prompts
             raise InputError(
-                f"batch size {input_ids.shape[0]} is not supported yet: speculative generation takes one "
-                f"sequence, input_ids [1, P] (got shape {list(input_ids.shape)})"
+                f"input_ids has batch size {input_ids.shape[0]}: pass at least one prompt, [1, P], [B, P] or a list "
+                f"of prompts (got shape {list(input_ids.shape)})"
             )
         if input_ids.shape[1] == 0:
             raise InputError("input_ids is empty: the prompt needs at least one token")
