@@ -49,10 +49,11 @@ def ancestor_mask(parent_pos: torch.Tensor, max_depth: Optional[int] = None) -> 
     rows = torch.arange(t, device=device)  # [T]
     mask = torch.zeros(t, t, dtype=torch.bool, device=device)  # [T, T]
     cur = rows.clone()  # [T] current ancestor of each row
-    mask[rows, cur] = True
+    # scatter_ with a Python scalar: no host->device copy of the value (graph-capturable, no sync)
+    mask.scatter_(1, cur[:, None], True)
     for _ in range(steps):  # one step per tree level, not per node
         cur = parent[cur]  # [T]
-        mask[rows, cur] = True
+        mask.scatter_(1, cur[:, None], True)
     return mask
 
 
@@ -81,7 +82,7 @@ def pack_tree(
 
     # Leaves: nodes that are nobody's parent, in ascending node order.
     is_parent = torch.zeros(t, dtype=torch.bool, device=device)  # [T]
-    is_parent[parent_pos.long()] = True
+    is_parent.scatter_(0, parent_pos.long(), True)
     is_leaf = ~is_parent  # [T]
     leaf_count = is_leaf.sum()  # [] int64
 

@@ -642,7 +642,9 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 # the kernel
 # ----------------------------------------------------------------------------------------------
-@triton.jit
+# The context length and the number of new rows change with every call: without this, Triton
+# specialises them (== 1, % 16 == 0) and recompiles the kernel as generation proceeds.
+@triton.jit(do_not_specialize=["n_new", "c_len"])
 def drafter_kernel(
     # schedule
     sched_ptr, n_steps, sync_ptr, time_ptr,
