@@ -22,7 +22,14 @@ from .errors import (
     RegistryError,
     WeightsError,
 )
-from .generation import GenerationResult, GenerationStats, SpeculativeGenerator, generate
+from .generation import (
+    BatchGenerationResult,
+    BatchGenerationStats,
+    GenerationResult,
+    GenerationStats,
+    SpeculativeGenerator,
+    generate,
+)
 from .loading import DraftHead, load_draft_head
 from .registry import Backend, available_backends, backend_report, get_backend, register_backend, unregister_backend
 from .result import Frontier
@@ -35,6 +42,8 @@ __all__ = [
     "SpeculativeGenerator",
     "GenerationResult",
     "GenerationStats",
+    "BatchGenerationResult",
+    "BatchGenerationStats",
     "patch_ea_model_with_triton_drafter",
     "unpatch_ea_model",
     "FrontierConfig",
