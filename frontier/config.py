@@ -59,6 +59,11 @@ class FrontierConfig(BaseModel):
         except ValidationError as exc:
             raise ConfigError(_format_validation_error(exc)) from None
 
+    def __hash__(self) -> int:
+        # rope_scaling is a dict, so pydantic's field-tuple hash would fail; the canonical JSON
+        # of the fields is hashable and equal configs give equal JSON.
+        return hash(self.model_dump_json())
+
     @field_validator(
         "total_token", "depth", "top_k", "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
         "head_dim", "intermediate_size", "feature_size", "target_vocab_size", "num_layers", mode="before",

@@ -209,3 +209,27 @@ def test_kernel_tree_packing_equals_pack_tree(seed):
                         (b.draft_tokens, b.retrieve_indices, b.tree_mask, b.tree_position_ids, b.leaf_count)):
             assert x.shape == y.shape and torch.equal(x.cpu(), y.cpu())
         a.check_invariants(total_token=cfg.total_token, depth=cfg.depth, top_k=cfg.top_k, sampling=False)
+
+
+def test_padded_layout_and_rope_scaling_match_torch_ref():
+    """Padded retrieve_indices is [T, D+2] on every backend, also when T-1 < D+1 (raw tensors
+    compared, padding included), and a head with linear rope scaling drafts like torch_ref."""
+    for t, d, k, extra in ((2, 4, 2, {}), (4, 5, 1, {}), (12, 3, 3, {"rope_scaling": {"type": "linear", "factor": 2.0}})):
+        cfg = random_config(total_token=t, depth=d, top_k=k, vocab_size=40, target_vocab_size=90, hidden_size=32,
+                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, **extra)
+        w = random_weights(cfg, seed=t, lm_head_scale=6.0, device=DEVICE)
+        ids, feats = random_inputs(cfg, context=7, seed=t, device=DEVICE)
+        ref = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w, padded=True)
+        tri = frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, padded=True)
+        assert tri.retrieve_indices.shape == (t, d + 2) == ref.retrieve_indices.shape
+        assert torch.equal(tri.retrieve_indices.cpu(), ref.retrieve_indices.cpu())
+        assert tri.same_tree(ref)
+
+
+def test_top_k_above_one_tile_is_refused():
+    cfg = random_config(total_token=20, depth=1, top_k=17, vocab_size=40, hidden_size=32, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=48)
+    w = random_weights(cfg, seed=0, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=5, seed=0, device=DEVICE)
+    with pytest.raises(frontier.InputError, match="top_k <= 16"):
+        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w)

@@ -56,6 +56,9 @@ class TritonBackend(Backend):
     def drafter(self, cfg, dtype: torch.dtype, device: torch.device):
         from .launch import Drafter
 
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # "cuda" and "cuda:0" share one drafter
         key = (cfg, dtype, str(device))
         with self._lock:
             d = self._drafters.get(key)
@@ -72,6 +75,11 @@ class TritonBackend(Backend):
             raise InputError(
                 f"backend 'triton' runs single-layer draft heads (every EAGLE-3 head, the usual EAGLE-2 head); "
                 f"got num_layers={cfg.num_layers}: use backend='torch_ref'"
+            )
+        if cfg.top_k > 16:
+            raise InputError(
+                f"backend 'triton' supports top_k <= 16 (one 16-row activation tile), got top_k={cfg.top_k}: "
+                "use backend='torch_ref'"
             )
         if request.device.type == "cpu" and not interpreting():
             raise InputError("backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")

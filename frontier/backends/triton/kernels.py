@@ -541,14 +541,14 @@ def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_
 
 
 @triton.jit
-def _ph_final(C, T, K, D1, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
+def _ph_final(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
               out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
               BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     """One program: top-(T-1) of the C candidates (ties to the lower index), in ascending
     candidate order; tokens, scores and parent positions (searchsorted semantics); then the tree
     packed exactly as ``frontier.tree.pack_tree`` packs it (padded layout): tree_mask,
-    tree_position_ids, retrieve_indices [T, D1+1] (leaves ascending, -1 padded), leaf count and
-    deepest level. D1 = min(D+1, T-1) is the number of parent-pointer steps."""
+    tree_position_ids, retrieve_indices [T, W] with W = D+2 (leaves ascending, -1 padded), leaf
+    count and deepest level. D1 = min(D+1, T-1) is the number of parent-pointer steps."""
     rc = tl.arange(0, BLOCK_C)
     cm = rc < C
     cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0, cache_modifier=".cg")
@@ -594,7 +594,6 @@ def _ph_final(C, T, K, D1, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, 
     rank = tl.cumsum(lf, axis=0) - 1
     tl.store(out_mask_ptr + rt[:, None] * T + rt[None, :], anc.to(tl.float32), mask=both)
     tl.store(out_pos_ptr + rt, posid.to(tl.int64), mask=tm)
-    W = D1 + 1
     rw = tl.arange(0, BLOCK_W)
     tl.store(out_ret_ptr + rt[:, None] * W + rw[None, :], tl.full([BLOCK_T, BLOCK_W], -1, tl.int64),
              mask=tm[:, None] & (rw < W)[None, :])
@@ -775,7 +774,7 @@ def drafter_kernel(
                                False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
         elif ph == 15:  # PH_FINAL
             if pid == 0:
-                _ph_final(C, T, K, tl.minimum(D + 1, T - 1), cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr,
+                _ph_final(C, T, K, tl.minimum(D + 1, T - 1), D + 2, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr,
                           cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr,
                           out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
         if PERSISTENT:

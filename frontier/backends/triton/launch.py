@@ -277,8 +277,8 @@ class Drafter:
 
     @property
     def ret_width(self) -> int:
-        """Columns of padded retrieve_indices: pack_tree's min(D+1, T-1) + 1."""
-        return min(self.cfg.depth + 1, self.cfg.total_token - 1) + 1
+        """Columns of padded retrieve_indices: D + 2, as pack_tree(max_depth=D+1) gives."""
+        return self.cfg.depth + 2
 
     def alloc_outputs(self) -> None:
         """Fresh output tensors for one call (they are returned in the Frontier)."""
