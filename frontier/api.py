@@ -105,12 +105,7 @@ def frontier_generate(
         raise InputError(f"cfg must be a FrontierConfig, got {type(cfg).__name__}")
     backend, impl = resolve_backend(backend, fallback)
 
-    if weights is None and ea_layer is not None:
-        weights = DraftWeights.from_ea_layer(ea_layer, lm_head=lm_head)
-    elif weights is not None and ea_layer is not None:
-        raise InputError("pass either weights= or ea_layer=, not both")
-    elif lm_head is not None and ea_layer is None:
-        raise InputError("lm_head= goes with ea_layer= (DraftWeights already hold their lm_head)")
+    weights = resolve_weights(weights, ea_layer, lm_head)
 
     request = validate_request(
         cfg,
@@ -131,6 +126,17 @@ def frontier_generate(
     if not isinstance(result, Frontier):
         raise FrontierError(f"backend {backend!r} returned {type(result).__name__}, expected a Frontier")
     return result
+
+
+def resolve_weights(weights: Any, ea_layer: Any, lm_head: Any) -> Optional[DraftWeights]:
+    """The head as DraftWeights: given directly, or built from an EAGLE-style ``ea_layer``."""
+    if weights is not None and ea_layer is not None:
+        raise InputError("pass either weights= or ea_layer=, not both")
+    if lm_head is not None and ea_layer is None:
+        raise InputError("lm_head= goes with ea_layer= (DraftWeights already hold their lm_head)")
+    if ea_layer is not None:
+        return DraftWeights.from_ea_layer(ea_layer, lm_head=lm_head)
+    return weights  # its type is checked with the other inputs (validate_request)
 
 
 def resolve_backend(backend: Any, fallback: bool) -> tuple[str, Any]:
@@ -273,4 +279,4 @@ def validate_request(
     )
 
 
-__all__ = ["frontier_generate", "DraftRequest", "validate_request", "resolve_backend"]
+__all__ = ["frontier_generate", "DraftRequest", "validate_request", "resolve_backend", "resolve_weights"]

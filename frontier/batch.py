@@ -21,7 +21,7 @@ import torch
 
 from .cache import DEFAULT_MAX_LENGTH, DraftCache, default_max_length
 from .config import FrontierConfig
-from .errors import FrontierError, InputError
+from .errors import CacheError, FrontierError, InputError
 from .result import Frontier
 from .weights import DraftWeights
 
@@ -82,7 +82,7 @@ def frontier_generate_batch(
     With ``caches=None`` a fresh :class:`BatchDraftCache` is allocated for weight-carrying
     backends; each returned Frontier's ``cache`` is its sequence's slot.
     """
-    from .api import resolve_backend, validate_request
+    from .api import resolve_backend, resolve_weights, validate_request
 
     if not isinstance(cfg, FrontierConfig):
         raise InputError(f"cfg must be a FrontierConfig, got {type(cfg).__name__}")
@@ -97,19 +97,13 @@ def frontier_generate_batch(
     dtypes = {f.dtype for f in features if isinstance(f, torch.Tensor)}
     if len(dtypes) > 1:
         raise InputError(f"all sequences' features must share one dtype, got {sorted(map(str, dtypes))}")
+    if cache_max_length is not None and (not isinstance(cache_max_length, int) or cache_max_length < 1):
+        raise InputError(f"cache_max_length must be a positive int, got {cache_max_length!r}")
     backend, impl = resolve_backend(backend, fallback)
+    weights = resolve_weights(weights, ea_layer, lm_head)
 
-    if weights is None and ea_layer is not None:
-        weights = DraftWeights.from_ea_layer(ea_layer, lm_head=lm_head)
-    needs_cache = bool(getattr(impl, "requires_weights", False))
     if caches is None:
         cache_list: list[Optional[DraftCache]] = [None] * batch
-        if needs_cache and weights is not None and input_ids is not None and all(isinstance(i, torch.Tensor) for i in input_ids):
-            cfg.require_layer_dims(f"backend {backend!r}")
-            longest = max(int(i.shape[-1]) - 1 for i in input_ids)
-            max_len = cache_max_length or default_max_length(longest)
-            fresh = BatchDraftCache(cfg, batch, max_length=max_len, dtype=weights.dtype, device=weights.device)
-            cache_list = list(fresh)
     else:
         cache_list = list(caches)
         if len(cache_list) != batch:
@@ -117,6 +111,7 @@ def frontier_generate_batch(
         if len({id(c) for c in cache_list if c is not None}) != sum(c is not None for c in cache_list):
             raise InputError("caches must be distinct objects: two sequences cannot share one draft cache")
 
+    # Validate every sequence before allocating or touching anything.
     requests = []
     for b in range(batch):
         try:
@@ -138,6 +133,17 @@ def frontier_generate_batch(
             )
         except FrontierError as exc:
             raise type(exc)(f"sequence {b}: {exc}") from None
+
+    # Fresh caches of a weight-carrying backend: one allocation for the whole batch.
+    if caches is None and getattr(impl, "requires_weights", False):
+        longest = max(r.context_length for r in requests)
+        max_len = cache_max_length or default_max_length(longest)
+        if longest > max_len:
+            raise CacheError(f"cache_max_length={max_len} cannot hold the longest context ({longest} rows)")
+        fresh = BatchDraftCache(cfg, batch, max_length=max_len, dtype=weights.dtype, device=weights.device)
+        cache_list = list(fresh)
+        for r, slot in zip(requests, cache_list):
+            r.cache = slot
 
     before = [None if c is None else c.length for c in cache_list]
     try:

@@ -124,3 +124,18 @@ def test_batch_input_errors():
         frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache=[shared, shared])
     with pytest.raises(InputError, match="one entry per sequence"):
         frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache=[None])
+
+
+def test_batch_rejects_bad_arguments_before_allocating():
+    cfg = random_config(**BATCH_CFGS[0])
+    w = random_weights(cfg, seed=6)
+    seqs, _ = _ragged_batch(cfg, 6, batch=2)
+    feats, ids = [s[1] for s in seqs], [s[0] for s in seqs]
+    with pytest.raises(InputError, match="weights must be a frontier.DraftWeights"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights="x")
+    with pytest.raises(InputError, match="cache_max_length must be a positive int"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache_max_length=-3)
+    with pytest.raises(InputError, match="lm_head= goes with ea_layer="):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, lm_head=w.lm_head)
+    with pytest.raises(CacheError, match="cannot hold the longest context"):
+        frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache_max_length=1)
