@@ -88,7 +88,9 @@ def frontier_generate(
     padded: return retrieve_indices as [T, D+2] plus ``leaf_count`` (no host read at all).
     seed: determinism knob for backends that use randomness (the stub).
     fallback: if the backend cannot run here, warn and use torch_ref instead of raising.
-    options: passed to the backend untouched.
+    options: passed to the backend untouched, except ``check_token_range`` (default True): for
+        weight-carrying backends the ids are checked against the target vocabulary, which on
+        CUDA is one host read before the call; pass False to skip it (graph capture, no-sync loops).
     """
     if isinstance(features_concat, (list, tuple)):
         # Ragged batch: one tree per sequence (see frontier.batch).
@@ -251,13 +253,11 @@ def validate_request(
         # Token ids must index the target vocabulary (they feed the embedding). On CUDA this is
         # one host read before the call; check_token_range=False skips it (e.g. graph capture).
         if options.pop("check_token_range", True) or input_ids.device.type == "cpu":
-            lo, hi = torch.aminmax(input_ids)
-        else:
-            lo = hi = None
-        if lo is not None and (int(lo) < 0 or int(hi) >= cfg.target_vocab_size):
-            raise InputError(
-                f"input_ids must lie in [0, target_vocab_size={cfg.target_vocab_size}), got range [{int(lo)}, {int(hi)}]"
-            )
+            lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()
+            if lo < 0 or hi >= cfg.target_vocab_size:
+                raise InputError(
+                    f"input_ids must lie in [0, target_vocab_size={cfg.target_vocab_size}), got range [{lo}, {hi}]"
+                )
     elif weights is not None:
         raise InputError(f"backend {backend_name!r} takes no weights; drop weights=/ea_layer=")
 

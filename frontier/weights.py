@@ -324,10 +324,10 @@ def config_from_ea_layer(layer: Any, *, total_token: int, depth: int, top_k: int
     head_dim = getattr(attn, "head_dim", None)
     if heads is None and "num_attention_heads" not in overrides:
         raise WeightsError("ea_layer has no config.num_attention_heads; pass num_attention_heads= explicitly")
-    if kv_heads is None and heads is not None and head_dim:
-        kv_heads = kproj.shape[0] // head_dim
     if head_dim is None and heads:
         head_dim = q.shape[0] // heads
+    if kv_heads is None and head_dim:
+        kv_heads = kproj.shape[0] // head_dim
     if lm_head is not None:
         head_rows = (lm_head.weight if isinstance(lm_head, torch.nn.Module) else lm_head).shape[0]
     elif "lm_head.weight" in state:

@@ -254,6 +254,8 @@ def test_ea_layer_adapter_and_config_derivation():
 
     derived = FrontierConfig.from_ea_layer(layer, total_token=20, depth=4, top_k=4)
     assert derived.hidden_size == 32 and derived.num_key_value_heads == 2 and derived.target_vocab_size == 150
+    del Cfg.num_key_value_heads  # a config without it: GQA is read off k_proj's shape
+    assert FrontierConfig.from_ea_layer(layer, total_token=20, depth=4, top_k=4) == derived
     ids, feats = random_inputs(cfg, context=9, seed=11)
     a = frontier_generate(derived, feats, backend="torch_ref", input_ids=ids, ea_layer=layer)
     b = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
