@@ -1067,7 +1067,6 @@ class SpeculativeGenerator:
                         _check_cache_length(state.target_cache, state.fed_len)
                 if callback is not None:
                     callback(state.new_tokens()[None], stats)
-                stats.time_other += time.perf_counter() - t2
             stats.stop_reason = state.reason
         finally:
             r.detach()
@@ -1285,7 +1284,6 @@ class SpeculativeGenerator:
                     _check_cache_length(cache, phys)
                 active, phys = self._drop_finished(cache, states, active, phys)
                 report()
-                bstats.time_other += time.perf_counter() - t2
         finally:
             r.detach()
         bstats.time_total = time.perf_counter() - t_start
