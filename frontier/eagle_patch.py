@@ -75,12 +75,13 @@ class _FrontierDrafter:
         self._head_key: Optional[tuple] = None
         self.cfg: Optional[FrontierConfig] = None
         self.weights: Optional[DraftWeights] = None
+        # eagle3 heads have a `midlayer`; decided once, not per draft call
+        self.eagle2 = not any(k.startswith("midlayer.") for k in layer.state_dict().keys())
 
     def _prepare(self, head: Any) -> None:
         """Config and weights, built on the first call (eagle2 heads need the target's lm_head)."""
         layer = self.layer
-        state_keys = set(layer.state_dict().keys())
-        eagle2 = not any(k.startswith("midlayer.") for k in state_keys)
+        eagle2 = self.eagle2
         # Rebuilt when the head (eagle2) or the tree shape attributes change between calls.
         key = (id(head) if eagle2 else 0, int(layer.total_tokens), int(layer.depth), int(layer.top_k))
         if self.cfg is not None and key == self._head_key:
