@@ -233,3 +233,36 @@ def test_top_k_above_one_tile_is_refused():
     ids, feats = random_inputs(cfg, context=5, seed=0, device=DEVICE)
     with pytest.raises(frontier.InputError, match="top_k <= 16"):
         frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w)
+
+
+def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypatch):
+    """The kernel writes the new context rows' K/V before the call ends; a failure after that
+    (here injected between two schedule steps) must leave the committed cache untouched."""
+    from frontier.backends.triton import launch
+
+    cfg = random_config()
+    w = random_weights(cfg, seed=3, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=9, seed=4, device=DEVICE)
+    fr = frontier_generate(cfg, feats[:, :5], backend="triton", input_ids=ids[:, :6], weights=w, mode="steps")
+    cache = fr.cache
+    length = cache.length
+    k0, v0 = cache.k[:, :, :length].clone(), cache.v[:, :, :length].clone()
+    original = launch.Drafter.run
+
+    def failing_run(self, *args, **kwargs):
+        def hook(step):
+            if step == self.n_steps - 2:  # after the context step wrote its cache rows
+                raise RuntimeError("injected failure mid-schedule")
+
+        kwargs["step_hook"] = hook
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(launch.Drafter, "run", failing_run)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        frontier_generate(cfg, feats[:, 5:], backend="triton", input_ids=ids, weights=w, cache=cache, mode="steps")
+    assert cache.length == length
+    assert torch.equal(cache.k[:, :, :length], k0) and torch.equal(cache.v[:, :, :length], v0)
+    monkeypatch.undo()
+    after = frontier_generate(cfg, feats[:, 5:], backend="triton", input_ids=ids, weights=w, cache=cache, mode="steps")
+    fresh = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
+    assert after.same_tree(fresh) and cache.length == 9
