@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Final GPU call: the bench table (both presets, depths 5 and 7, triton vs torch_ref, breakdown),
+# The triton GPU call: the bench table (both presets, depths 5 and 7, triton vs torch_ref, breakdown),
 # GPU parity with the default tuning, bf16/fp16 exact-match rates.
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
