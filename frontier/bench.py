@@ -49,8 +49,11 @@ class BenchCase:
     context: int = 512
     new_rows: int = 4
     batch: int = 1
+    head: Any = None  # a frontier.loading.DraftHead: time a real head instead of a random preset
 
     def config(self) -> FrontierConfig:
+        if self.head is not None:
+            return self.head.config(total_token=self.total_token, depth=self.depth, top_k=self.top_k)
         return FrontierConfig(total_token=self.total_token, depth=self.depth, top_k=self.top_k,
                               architecture="eagle3", **PRESETS[self.preset])
 
@@ -147,7 +150,10 @@ class CallSetup:
 
         self.case, self.device, self.dtype = case, device, dtype
         cfg = self.cfg = case.config()
-        self.weights = device_weights(cfg, device=device, dtype=dtype, seed=seed)
+        if case.head is not None:
+            self.weights = case.head.weights.to(device=device, dtype=dtype)
+        else:
+            self.weights = device_weights(cfg, device=device, dtype=dtype, seed=seed)
         g = torch.Generator(device=device).manual_seed(seed + 1)
         ctx = case.context
         self.ids = torch.randint(0, cfg.target_vocab_size, (1, ctx + 1), generator=g, device=device)
@@ -262,7 +268,8 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
 
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
-              breakdown: bool = False, context: int = 512, new_rows: int = 4) -> str:
+              breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None) -> str:
+    """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head."""
     if not torch.cuda.is_available():
         from .errors import BackendUnavailableError
 
@@ -278,7 +285,7 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
     breakdowns = {}
     for preset in presets:
         for depth in depths:
-            case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows)
+            case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
             rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps))
             if breakdown and "triton" in backends:
                 breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)

@@ -815,3 +815,28 @@ def test_demo_with_a_head_that_needs_the_targets_embedding(tmp_path, capsys):
     assert len(fr["draft_tokens"][0]) == 10
     assert main(["demo", "--target", str(target)]) == 2
     assert "--target goes with --head" in capsys.readouterr().err
+
+
+def test_bench_times_a_local_head(tmp_path, capsys):
+    """`frontier bench --head` builds its call from the loaded head (checked on the CPU: the timing
+    itself needs CUDA and says so)."""
+    from frontier.bench import BenchCase, CallSetup
+    from frontier.cli import main
+
+    cfg, w, path = _saved(tmp_path, "eagle3", include_embedding=False, v=70, vt=130, h=32, nh=4, nkv=2, inter=48)
+    target = _write_target(tmp_path / "t", w.embed_tokens, None)
+    head = load_draft_head(path, target=target)
+    case = BenchCase(preset=f"head:{path}", depth=3, top_k=3, total_token=10, context=20, new_rows=4, head=head)
+    setup = CallSetup(case, device="cpu", dtype=torch.float32)
+    assert setup.cfg == head.config(total_token=10, depth=3, top_k=3)
+    # the bench's call, on a copy of its prefilled cache, equals drafting with the in-memory weights
+    same_cache = frontier.DraftCache.from_tensors(setup.cache.k.clone(), setup.cache.v.clone(), setup.c)
+    fr = setup.call("torch_ref")
+    ref = frontier_generate(setup.cfg, setup.features, backend="torch_ref", input_ids=setup.ids, weights=w,
+                            cache=same_cache, padded=True)
+    assert fr.same_tree(ref)
+    if not torch.cuda.is_available():
+        assert main(["bench", "--head", str(path), "--target", str(target)]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["bench", "--target", str(target)]) == 2
+    assert "--target goes with --head" in capsys.readouterr().err

@@ -24,6 +24,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
     p.add_argument("--json", type=str, default=None, help="write the results as JSON to this path")
+    p.add_argument("--head", type=str, default=None, help="time a local EAGLE head directory instead of the presets")
+    p.add_argument("--target", type=str, default=None,
+                   help="local target checkpoint supplying what the head does not ship (EAGLE-3 embedding)")
     p.set_defaults(func=run)
     return p
 
@@ -41,8 +44,18 @@ def run(args) -> int:
     except ValueError:
         raise InputError(f"--depth/--batch take comma-separated integers, got {args.depth!r} / {args.batch!r}") from None
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    text = run_bench(args.preset or list(PRESETS), depths, backends=backends, dtype=dtype, reps=args.reps,
+    head, presets = None, args.preset or list(PRESETS)
+    if args.head:
+        from ..loading import load_draft_head
+
+        if args.preset:
+            raise InputError("--head replaces the presets; drop --preset")
+        head = load_draft_head(args.head, target=args.target, dtype=dtype, device="cpu")
+        presets = [f"head:{args.head}"]
+    elif args.target:
+        raise InputError("--target goes with --head")
+    text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
                      json_path=args.json, batches=batches, breakdown=args.breakdown, context=args.context,
-                     new_rows=args.new_rows)
+                     new_rows=args.new_rows, head=head)
     print(text)
     return 0
