@@ -24,16 +24,9 @@ from frontier.generation import generate, random_pair
 from frontier.registry import Backend, register_backend, unregister_backend
 
 from conftest import runnable_backends
+from gen_support import _one_thread  # noqa: F401
 
 H, V_T, V_D = 64, 256, 128
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 class RMSNorm(nn.Module):

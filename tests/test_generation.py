@@ -3,7 +3,6 @@ feature plumbing, stopping rules, stats and bad inputs (CPU, tiny random models,
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -16,70 +15,21 @@ from frontier.generation import (
     SpeculativeGenerator,
     eagle3_tap_layers,
     generate,
-    random_pair,
     tree_parents,
 )
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
+from gen_support import V, _head, _one_thread, _reference, _weights_for, interpreted, pair  # noqa: F401
 
 
-V = 256
 # (total_token, depth, top_k): a bushy tree, a top_k=1 chain at its maximum size (D + 2),
 # total_token at its maximum 1 + K + D*K^2, and the smallest tree.
 TREES = [(16, 4, 4), (7, 5, 1), (22, 2, 3), (2, 1, 1)]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    """A tiny random Llama target (8 layers: taps 2 < 4 < 5 distinct) and a random EAGLE-3 head."""
-    return random_pair("tiny", total_token=16, depth=4, top_k=4, seed=0)
-
-
-def _head(target, t, d, k, seed=1):
-    """A random EAGLE-3 head of the given tree shape for ``target``."""
-    h = target.config.hidden_size
-    cfg = random_config(
-        total_token=t,
-        depth=d,
-        top_k=k,
-        vocab_size=V // 2,
-        target_vocab_size=V,
-        hidden_size=h,
-        feature_size=3 * h,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-    )
-    w = random_weights(cfg, seed=seed, lm_head_scale=6.0)
-    w.embed_tokens = target.get_input_embeddings().weight.detach()
-    return cfg, w
-
-
 def _prompt(seed, length):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, V, (1, length), generator=g)
-
-
-def _reference(target, ids, n, **kw):
-    return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
-
-
-def interpreted(backend: str) -> bool:
-    """Triton kernels under TRITON_INTERPRET=1 (CPU CI) take seconds per draft call."""
-    return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _weights_for(backend, w):
-    return w if getattr(frontier.get_backend(backend), "requires_weights", False) else None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ----------------------------------------------------------------------------------------------

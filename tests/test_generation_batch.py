@@ -22,34 +22,10 @@ from frontier.generation import (
 )
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
+from gen_support import V, _head, _one_thread, _reference, _weights_for, interpreted, pair  # noqa: F401
 
-V = 256
 # (total_token, depth, top_k): bushy, a top_k=1 chain, the maximum size 1 + K + D*K^2, the smallest tree.
 TREES = [(16, 4, 4), (7, 5, 1), (22, 2, 3), (2, 1, 1)]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return random_pair("tiny", total_token=16, depth=4, top_k=4, seed=0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def _head(target, t, d, k, seed=1):
-    h = target.config.hidden_size
-    cfg = random_config(
-        total_token=t, depth=d, top_k=k, vocab_size=V // 2, target_vocab_size=V, hidden_size=h,
-        feature_size=3 * h, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-    )
-    w = random_weights(cfg, seed=seed, lm_head_scale=6.0)
-    w.embed_tokens = target.get_input_embeddings().weight.detach()
-    return cfg, w
 
 
 def _ragged(seed, batch=None, lo=1, hi=14):
@@ -58,22 +34,6 @@ def _ragged(seed, batch=None, lo=1, hi=14):
     g = torch.Generator().manual_seed(seed)
     b = batch or rng.randint(2, 4)
     return [torch.randint(3, V, (rng.randint(lo, hi),), generator=g) for _ in range(b)]
-
-
-def _reference(target, ids, n, **kw):
-    if ids.dim() == 1:
-        ids = ids[None]
-    return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
-
-
-def _weights_for(backend, w):
-    return w if getattr(frontier.get_backend(backend), "requires_weights", False) else None
-
-
-def interpreted(backend):
-    import os
-
-    return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class BatchOracle(Backend):

@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import torch
-
 from frontier.cli import main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from gen_support import _one_thread  # noqa: F401
 
 
 def test_generate_random_tiny_json_compare(capsys):

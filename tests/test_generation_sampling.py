@@ -12,6 +12,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from frontier import FrontierConfig
 from frontier.generation import SamplingParams, generate, random_pair, sampling_accept, warp_logits
 from frontier.tree import pack_tree
+from gen_support import _one_thread  # noqa: F401
 
 
 def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
@@ -34,15 +35,6 @@ def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
         cats += 1
     df = max(cats - 1, 1)
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""Shared scaffolding of the generation tests: a tiny random target + EAGLE-3 head, one torch
+thread, the greedy reference, and backend helpers. Import the names into a test module (fixtures
+included) to use them there."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import frontier
+from frontier.generation import random_pair
+from frontier.random_head import random_config, random_weights
+
+V = 256  # the tiny target's vocabulary
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tiny random Llama target (8 layers: taps 2 < 4 < 5 distinct) and a random EAGLE-3 head."""
+    return random_pair("tiny", total_token=16, depth=4, top_k=4, seed=0)
+
+
+def _head(target, t, d, k, seed=1):
+    """A random EAGLE-3 head of the given tree shape for ``target`` (sharing its embedding)."""
+    h = target.config.hidden_size
+    cfg = random_config(
+        total_token=t, depth=d, top_k=k, vocab_size=V // 2, target_vocab_size=V, hidden_size=h,
+        feature_size=3 * h, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+    )
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0)
+    w.embed_tokens = target.get_input_embeddings().weight.detach()
+    return cfg, w
+
+
+def _reference(target, ids, n, **kw):
+    """``target.generate(do_sample=False)`` for one prompt ([P] or [1, P])."""
+    if ids.dim() == 1:
+        ids = ids[None]
+    return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+
+
+def _weights_for(backend, w):
+    return w if getattr(frontier.get_backend(backend), "requires_weights", False) else None
+
+
+def interpreted(backend: str) -> bool:
+    """Triton kernels under TRITON_INTERPRET=1 (CPU CI) take seconds per draft call."""
+    return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
