@@ -72,6 +72,27 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # Stats
 # ----------------------------------------------------------------------------------------------
+def _time_rows(stats: Any) -> list[tuple[str, str]]:
+    """The time split of a stats object (prefill, draft, verify, other, total) as table rows."""
+    total = stats.time_total or 1e-12
+
+    def pct(t: float) -> str:
+        return f"{t * 1e3:9.1f} ms  ({100 * t / total:5.1f}%)"
+
+    return [
+        ("time prefill", pct(stats.time_prefill)),
+        ("time draft", pct(stats.time_draft)),
+        ("time verify", pct(stats.time_verify)),
+        ("time other", pct(stats.time_other)),
+        ("time total", f"{stats.time_total * 1e3:9.1f} ms"),
+    ]
+
+
+def _two_columns(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
 @dataclass
 class GenerationStats:
     """What one :meth:`SpeculativeGenerator.generate` call did and how long it took.
@@ -120,11 +141,6 @@ class GenerationStats:
 
     def table(self) -> str:
         """A small two-column text table of the headline numbers."""
-        total = self.time_total or 1e-12
-
-        def pct(t: float) -> str:
-            return f"{t * 1e3:9.1f} ms  ({100 * t / total:5.1f}%)"
-
         rows = [
             ("backend", self.backend),
             ("prompt tokens", str(self.prompt_tokens)),
@@ -132,15 +148,10 @@ class GenerationStats:
             ("target forwards", f"{self.target_forwards} (1 prefill + {self.verify_steps} verify)"),
             ("mean accepted length", f"{self.mean_accepted_length:.3f} tokens / verify"),
             ("tokens/s", f"{self.tokens_per_second:.1f}"),
-            ("time prefill", pct(self.time_prefill)),
-            ("time draft", pct(self.time_draft)),
-            ("time verify", pct(self.time_verify)),
-            ("time other", pct(self.time_other)),
-            ("time total", f"{self.time_total * 1e3:9.1f} ms"),
+            *_time_rows(self),
             ("stopped by", self.stop_reason),
         ]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+        return _two_columns(rows)
 
 
 @dataclass
@@ -228,11 +239,6 @@ class BatchGenerationStats:
 
     def table(self) -> str:
         """A small text table: the batch's headline numbers, then one line per sequence."""
-        total = self.time_total or 1e-12
-
-        def pct(t: float) -> str:
-            return f"{t * 1e3:9.1f} ms  ({100 * t / total:5.1f}%)"
-
         rows = [
             ("backend", self.backend),
             ("batch size", str(self.batch_size)),
@@ -241,19 +247,14 @@ class BatchGenerationStats:
             ("target forwards", f"{self.target_forwards} batched (1 prefill + {self.verify_steps} verify)"),
             ("mean accepted length", f"{self.mean_accepted_length:.3f} tokens / verify / sequence"),
             ("tokens/s", f"{self.tokens_per_second:.1f} (all sequences)"),
-            ("time prefill", pct(self.time_prefill)),
-            ("time draft", pct(self.time_draft)),
-            ("time verify", pct(self.time_verify)),
-            ("time other", pct(self.time_other)),
-            ("time total", f"{self.time_total * 1e3:9.1f} ms"),
+            *_time_rows(self),
         ]
         for b, s in enumerate(self.sequences):
             rows.append(
                 (f"sequence {b}", f"{s.prompt_tokens} + {s.new_tokens} tokens, {s.mean_accepted_length:.3f} / verify, "
                  f"stopped by {s.stop_reason}")
             )
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+        return _two_columns(rows)
 
 
 @dataclass
