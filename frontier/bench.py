@@ -10,12 +10,24 @@ The timed call is the steady-state one of a generation loop: the cache already h
 ``context - new_rows`` rows and ``new_rows`` new target features arrive. Between calls the cache
 is truncated back, so every timed call does the same work.
 
-Batching is a later issue: :class:`BenchCase` carries ``batch`` so ``--batch 1,4,16`` can be
-added without changing the table's shape; only ``batch=1`` runs today.
+Batches (``--batch 1,4,16,64``). Batch 1 is the single-sequence call above
+(:class:`CallSetup`, ``frontier_generate``), unchanged so its numbers compare across sessions.
+A batch of B > 1 (:class:`BatchCallSetup`) is B sequences on the same head, each with its own
+random ids and features, their caches the slots of one :class:`~frontier.batch.BatchDraftCache`
+prefilled by torch_ref; each timed call truncates every slot back to its prefill length and
+drafts all B trees with one ``frontier_generate_batch`` (``ragged=True`` spreads the sequences'
+contexts over ±25% of ``context`` so the ragged path is timed too). The floor of a batch call is
+the same weight bytes as at batch 1: a batched kernel reads the weights once for all sequences,
+so ``% floor`` says how close the whole batch call comes to one weight pass. It leaves out the
+cached K/V rows every forward attends over; they grow with B x context and are reported apart
+(``kv_mb``: at B=64, context 512 on the 8B head they add about a sixth to the weight bytes) — at
+large B the call also stops being bandwidth-bound (B x top_k rows per matmul). Each batch row
+also reports ms per sequence (ms / B) and its ms per call over the batch-1 row's (``x b1``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -25,6 +37,7 @@ from typing import Any, Optional
 import torch
 
 from .config import FrontierConfig
+from .errors import InputError
 from .weights import DraftWeights, LayerWeights
 
 #: Head shapes of the presets (random weights of these shapes).
@@ -40,6 +53,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Relative context spread of a ragged batch (``BenchCase.ragged``).
+RAGGED_SPREAD = 0.25
+
+
 @dataclass
 class BenchCase:
     preset: str
@@ -50,12 +67,32 @@ class BenchCase:
     new_rows: int = 4
     batch: int = 1
     head: Any = None  # a frontier.loading.DraftHead: time a real head instead of a random preset
+    ragged: bool = False  # batch > 1: spread the sequences' contexts over context ± 25%
 
     def config(self) -> FrontierConfig:
         if self.head is not None:
             return self.head.config(total_token=self.total_token, depth=self.depth, top_k=self.top_k)
         return FrontierConfig(total_token=self.total_token, depth=self.depth, top_k=self.top_k,
                               architecture="eagle3", **PRESETS[self.preset])
+
+    def contexts(self) -> list[int]:
+        """Each sequence's context length L_b (cached rows + ``new_rows``).
+
+        All ``context`` unless ``ragged``: then evenly spread over ``context`` ± 25% (mean
+        ``context``), in a fixed shuffled order so the longest sequence is not always last, and
+        never below ``new_rows + 1`` (every sequence keeps at least one cached row).
+        """
+        if self.batch < 1:
+            raise InputError(f"batch must be a positive int, got batch={self.batch}")
+        if self.context <= self.new_rows or self.new_rows < 1:
+            raise InputError(f"context must exceed new_rows >= 1 (the cache holds context - new_rows rows), "
+                             f"got context={self.context}, new_rows={self.new_rows}")
+        if not self.ragged or self.batch == 1:
+            return [self.context] * self.batch
+        spread = RAGGED_SPREAD * self.context
+        lengths = [round(self.context + spread * (2 * i / (self.batch - 1) - 1)) for i in range(self.batch)]
+        order = torch.randperm(self.batch, generator=torch.Generator().manual_seed(self.batch)).tolist()
+        return [max(self.new_rows + 1, lengths[i]) for i in order]
 
 
 @dataclass
@@ -66,10 +103,39 @@ class BenchRow:
     device: str
     floor_ms: float
     weight_mb: float
-    results: dict[str, float] = field(default_factory=dict)  # variant -> median ms
+    results: dict[str, float] = field(default_factory=dict)  # variant -> median ms per call
+    ragged: bool = False
+    contexts: list[int] = field(default_factory=list)  # each sequence's context length
+    kv_mb: float = 0.0  # cached K/V rows the call's forwards attend over (not in the floor)
 
     def pct(self, variant: str) -> float:
         return 100.0 * self.floor_ms / self.results[variant]
+
+    def per_seq(self, variant: str) -> float:
+        """ms per sequence: the call's ms over the batch size."""
+        return self.results[variant] / self.batch
+
+    @property
+    def label(self) -> str:
+        return f"{self.batch} ragged" if self.ragged and self.batch > 1 else str(self.batch)
+
+
+def batch1_ratios(rows: list[BenchRow], row: BenchRow) -> dict[str, float]:
+    """``row``'s ms per call over the batch-1 row's of the same preset and depth, per variant
+    timed in both (empty when the run has no such batch-1 row)."""
+    base = next((r for r in rows if r.batch == 1 and r.preset == row.preset and r.depth == row.depth), None)
+    if base is None:
+        return {}
+    return {v: ms / base.results[v] for v, ms in row.results.items() if v in base.results}
+
+
+def row_json(rows: list[BenchRow], row: BenchRow) -> dict[str, Any]:
+    """One row of the JSON report: the row's fields plus % floor, ms per sequence and x b1."""
+    out = asdict(row)
+    out["pct_floor"] = {v: row.pct(v) for v in row.results}
+    out["per_seq_ms"] = {v: row.per_seq(v) for v in row.results}
+    out["x_b1"] = batch1_ratios(rows, row)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,8 +170,16 @@ def device_weights(cfg: FrontierConfig, *, device: Any, dtype: torch.dtype, seed
 
 
 def floor_bytes(cfg: FrontierConfig, w: DraftWeights) -> int:
-    """Bytes a draft call must stream: the fc once, layer + lm_head once per forward."""
+    """Bytes a draft call must stream: the fc once, layer + lm_head once per forward (the same
+    for a batch call: one weight pass serves every sequence)."""
     return w.fc_bytes() + (cfg.depth + 1) * w.layer_bytes()
+
+
+def kv_bytes(cfg: FrontierConfig, contexts: list[int], dtype: torch.dtype) -> int:
+    """Cached K/V bytes one call's forwards attend over: each of the ``depth + 1`` forwards reads
+    every sequence's context rows (keys and values, all layers). Not part of the floor."""
+    row = cfg.num_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * torch.empty((), dtype=dtype).element_size()
+    return (cfg.depth + 1) * sum(contexts) * row
 
 
 def copy_bandwidth(device: Any, nbytes: int = 2 << 30, reps: int = 20) -> float:
@@ -126,6 +200,16 @@ def copy_bandwidth(device: Any, nbytes: int = 2 << 30, reps: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
+def timing_reps(backend: str, batch: int, reps: int) -> tuple[int, int]:
+    """(warmup, timed) calls for one backend: torch_ref loops sequences in Python, so it runs a
+    fifth of ``reps`` at batch 1 and ``reps / (5 B)`` (at least 3, after 2 warm-ups) at batch B."""
+    if backend != "torch_ref":
+        return 5, reps
+    if batch == 1:
+        return 5, max(10, reps // 5)
+    return 2, max(3, reps // (5 * batch))
+
+
 def time_calls(fn, *, warmup: int = 5, reps: int = 50) -> float:
     """Median ms of ``fn()`` (CUDA events around each call, synchronised after each)."""
     for _ in range(warmup):
@@ -142,6 +226,34 @@ def time_calls(fn, *, warmup: int = 5, reps: int = 50) -> float:
     return statistics.median(times)
 
 
+def bench_weights(case: BenchCase, cfg: FrontierConfig, *, device: Any, dtype: torch.dtype, seed: int) -> DraftWeights:
+    """The timed head: the loaded one when ``case.head`` is set, else random of the preset's shape."""
+    if case.head is not None:
+        return case.head.weights.to(device=device, dtype=dtype)
+    return device_weights(cfg, device=device, dtype=dtype, seed=seed)
+
+
+@functools.lru_cache(maxsize=None)
+def _requires_weights(backend: str) -> bool:
+    from .registry import get_backend
+
+    return bool(getattr(get_backend(backend), "requires_weights", False))
+
+
+def head_for(backend: str, weights: DraftWeights) -> Optional[DraftWeights]:
+    """The weights to pass ``backend``: none for a backend that takes none (the stub)."""
+    return weights if _requires_weights(backend) else None
+
+
+def sequence_inputs(cfg: FrontierConfig, context: int, *, device: Any, dtype: torch.dtype,
+                    seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids [1, context + 1] and features [1, context, F] of one sequence (from ``seed``)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.randint(0, cfg.target_vocab_size, (1, context + 1), generator=g, device=device)
+    feats = torch.randn(1, context, cfg.feature_size, generator=g, device=device, dtype=torch.float32).to(dtype)
+    return ids, feats
+
+
 class CallSetup:
     """A head, a cache holding ``context - new_rows`` rows, and the next call's inputs."""
 
@@ -150,14 +262,9 @@ class CallSetup:
 
         self.case, self.device, self.dtype = case, device, dtype
         cfg = self.cfg = case.config()
-        if case.head is not None:
-            self.weights = case.head.weights.to(device=device, dtype=dtype)
-        else:
-            self.weights = device_weights(cfg, device=device, dtype=dtype, seed=seed)
-        g = torch.Generator(device=device).manual_seed(seed + 1)
+        self.weights = bench_weights(case, cfg, device=device, dtype=dtype, seed=seed)
         ctx = case.context
-        self.ids = torch.randint(0, cfg.target_vocab_size, (1, ctx + 1), generator=g, device=device)
-        feats = torch.randn(1, ctx, cfg.feature_size, generator=g, device=device, dtype=torch.float32).to(dtype)
+        self.ids, feats = sequence_inputs(cfg, ctx, device=device, dtype=dtype, seed=seed + 1)
         self.c = ctx - case.new_rows
         fr = frontier_generate(cfg, feats[:, : self.c], backend=backend_for_prefill, input_ids=self.ids[:, : self.c + 1],
                                weights=self.weights, cache_max_length=ctx + 64)
@@ -168,20 +275,67 @@ class CallSetup:
         from .api import frontier_generate
 
         self.cache.truncate(self.c)
-        return frontier_generate(self.cfg, self.features, backend=backend, input_ids=self.ids, weights=self.weights,
-                                 cache=self.cache, padded=True, check_token_range=False, **options)
+        return frontier_generate(self.cfg, self.features, backend=backend, input_ids=self.ids,
+                                 weights=head_for(backend, self.weights), cache=self.cache, padded=True,
+                                 check_token_range=False, **options)
+
+
+class BatchCallSetup:
+    """B sequences on one head: a :class:`~frontier.batch.BatchDraftCache` whose slot b holds
+    ``contexts[b] - new_rows`` rows (prefilled sequence by sequence with ``backend_for_prefill``),
+    and the next batch call's per-sequence inputs.
+
+    Sequence b draws its ids and features from seed ``seed + 1 + b``: sequence 0 of an even batch
+    has the inputs of :class:`CallSetup` with the same seed.
+    """
+
+    def __init__(self, case: BenchCase, *, device: Any, dtype: torch.dtype, seed: int = 0,
+                 backend_for_prefill: str = "torch_ref", headroom: int = 64):
+        from .api import frontier_generate
+        from .batch import BatchDraftCache
+
+        self.case, self.device, self.dtype = case, device, dtype
+        cfg = self.cfg = case.config()
+        self.weights = bench_weights(case, cfg, device=device, dtype=dtype, seed=seed)
+        self.contexts = case.contexts()
+        n = case.new_rows
+        self.prefill = [length - n for length in self.contexts]  # cached rows before each timed call
+        self.cache = BatchDraftCache(cfg, case.batch, max_length=max(self.contexts) + headroom, dtype=dtype,
+                                     device=device)
+        self.ids: list[torch.Tensor] = []
+        self.features: list[torch.Tensor] = []
+        for b, (length, c) in enumerate(zip(self.contexts, self.prefill)):
+            ids, feats = sequence_inputs(cfg, length, device=device, dtype=dtype, seed=seed + 1 + b)
+            frontier_generate(cfg, feats[:, :c], backend=backend_for_prefill, input_ids=ids[:, : c + 1],
+                              weights=self.weights, cache=self.cache[b], padded=True)
+            self.ids.append(ids)
+            self.features.append(feats[:, c:].contiguous())  # [1, new_rows, F]; the prefill rows are dropped
+
+    def call(self, backend: str, **options: Any):
+        from .batch import frontier_generate_batch
+
+        for slot, c in zip(self.cache, self.prefill):
+            slot.truncate(c)
+        return frontier_generate_batch(self.cfg, self.features, backend=backend, input_ids=self.ids,
+                                       weights=head_for(backend, self.weights), caches=self.cache, padded=True,
+                                       check_token_range=False, **options)
 
 
 def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.dtype, bandwidth: float,
              reps: int = 50, kernel_only: bool = True) -> BenchRow:
-    setup = CallSetup(case, device=device, dtype=dtype)
+    setup = CallSetup(case, device=device, dtype=dtype) if case.batch == 1 else BatchCallSetup(case, device=device, dtype=dtype)
     fb = floor_bytes(setup.cfg, setup.weights)
+    contexts = case.contexts()
     row = BenchRow(case.preset, case.depth, case.batch, torch.cuda.get_device_name(device),
-                   floor_ms=1e3 * fb / bandwidth, weight_mb=fb / 1e6)
+                   floor_ms=1e3 * fb / bandwidth, weight_mb=fb / 1e6, ragged=case.ragged and case.batch > 1,
+                   contexts=contexts, kv_mb=kv_bytes(setup.cfg, contexts, dtype) / 1e6)
     for name in backends:
-        r = reps if name != "torch_ref" else max(10, reps // 5)
-        row.results[name] = time_calls(lambda: setup.call(name), reps=r)
-        if name == "triton" and kernel_only:
+        warmup, r = timing_reps(name, case.batch, reps)
+        row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
+        # Kernel-only timing exists for batch 1 only: timing a batch's device work alone needs the
+        # lead's batched Drafter API (TritonBackend.generate_batch); until then batch rows time the
+        # full call only.
+        if name == "triton" and kernel_only and case.batch == 1:
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
     del setup
     torch.cuda.empty_cache()
@@ -234,6 +388,9 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
 
 
 def format_table(rows: list[BenchRow], bandwidth: float) -> str:
+    """The bench table. Batch-1-only runs keep the columns earlier sessions reported; a run with
+    batch rows appends per variant ``ms/seq`` and ``x b1`` (ms per call over the batch-1 row's)."""
+    batched = any(r.batch > 1 for r in rows)
     variants: list[str] = []
     for r in rows:
         for v in r.results:
@@ -245,9 +402,11 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
         cols += [f"{v} ms", f"{v} %floor"]
     if "torch_ref" in variants:
         cols += [f"{v} speedup" for v in variants if v != "torch_ref"]
+    if batched:
+        cols += [f"{v} ms/seq" for v in variants] + [f"{v} x b1" for v in variants]
     lines = [cols]
     for r in rows:
-        line = [r.preset, str(r.depth), str(r.batch), f"{r.weight_mb:.0f}", f"{r.floor_ms:.3f}"]
+        line = [r.preset, str(r.depth), r.label, f"{r.weight_mb:.0f}", f"{r.floor_ms:.3f}"]
         for v in variants:
             if v in r.results:
                 line += [f"{r.results[v]:.3f}", f"{r.pct(v):.1f}%"]
@@ -259,6 +418,10 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
                     continue
                 ok = v in r.results and "torch_ref" in r.results
                 line.append(f"{r.results['torch_ref'] / r.results[v]:.2f}x" if ok else "-")
+        if batched:
+            line += [f"{r.per_seq(v):.3f}" if v in r.results else "-" for v in variants]
+            ratios = batch1_ratios(rows, r)
+            line += [f"{ratios[v]:.2f}x" if v in ratios else "-" for v in variants]
         lines.append(line)
     widths = [max(len(l[i]) for l in lines) for i in range(len(cols))]
     out = [" | ".join(c.ljust(w) for c, w in zip(l, widths)) for l in lines]
@@ -266,28 +429,41 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
     return head + "\n".join(out)
 
 
+def check_batches(batches: Any) -> list[int]:
+    """The batch sizes of a run: a non-empty list of positive ints (InputError otherwise)."""
+    if not isinstance(batches, (list, tuple)) or not batches:
+        raise InputError(f"batches must be a non-empty list of positive ints, got {batches!r}")
+    bad = [b for b in batches if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+    if bad:
+        raise InputError(f"batch sizes must be positive ints, got {list(batches)} (bad: {bad})")
+    return list(batches)
+
+
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
-              breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None) -> str:
-    """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head."""
+              breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None,
+              ragged: bool = False) -> str:
+    """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head; each
+    preset and depth is timed at every batch size of ``batches`` (default [1]); ``ragged``
+    spreads the contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
+    batches = check_batches([1] if batches is None else batches)
+    BenchCase(preset="", depth=1, context=context, new_rows=new_rows).contexts()  # refuse bad sizes before any GPU work
     if not torch.cuda.is_available():
         from .errors import BackendUnavailableError
 
         raise BackendUnavailableError("frontier bench needs a CUDA GPU (it measures the GPU's bandwidth floor)")
-    batches = batches or [1]
-    if batches != [1]:
-        from .errors import InputError
-
-        raise InputError(f"--batch: only batch 1 is implemented so far, got {batches}")
     device = torch.device("cuda")
     bw = copy_bandwidth(device)
     rows = []
     breakdowns = {}
     for preset in presets:
         for depth in depths:
-            case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
-            rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps))
-            if breakdown and "triton" in backends:
+            for batch in batches:
+                case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
+                                 batch=batch, ragged=ragged)
+                rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps))
+            if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
+                case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
                 breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)
     text = format_table(rows, bw)
     for name, ph in breakdowns.items():
@@ -296,10 +472,11 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
         text += "\n".join(f"  {k:16s} {v:8.3f}  {100 * v / total:5.1f}%" for k, v in sorted(ph.items(), key=lambda kv: -kv[1]))
     if json_path:
         with open(json_path, "w") as fh:
-            json.dump({"bandwidth_Bps": bw, "rows": [asdict(r) for r in rows], "breakdown": breakdowns,
+            json.dump({"bandwidth_Bps": bw, "rows": [row_json(rows, r) for r in rows], "breakdown": breakdowns,
                        "dtype": str(dtype)}, fh, indent=2)
     return text
 
 
-__all__ = ["PRESETS", "BenchCase", "BenchRow", "run_bench", "copy_bandwidth", "floor_bytes", "device_weights",
-           "CallSetup", "time_calls", "format_table", "phase_breakdown"]
+__all__ = ["PRESETS", "BenchCase", "BenchRow", "run_bench", "copy_bandwidth", "floor_bytes", "kv_bytes",
+           "device_weights", "CallSetup", "BatchCallSetup", "time_calls", "timing_reps", "format_table",
+           "batch1_ratios", "row_json", "check_batches", "phase_breakdown"]

@@ -18,8 +18,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--depth", type=str, default="5,7", help="comma-separated depths (default 5,7)")
     p.add_argument("--backends", type=str, default="triton,torch_ref", help="comma-separated backends")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    p.add_argument("--batch", type=str, default="1", help="comma-separated batch sizes (only 1 so far)")
-    p.add_argument("--reps", type=int, default=50, help="timed calls per backend (torch_ref runs a fifth)")
+    p.add_argument("--batch", type=str, default="1",
+                   help="comma-separated batch sizes, e.g. 1,4,16,64 (default 1); batch B > 1 drafts B sequences "
+                   "per call and also reports ms per sequence and the ratio to the batch-1 call")
+    p.add_argument("--ragged", action="store_true",
+                   help="batch > 1: spread the sequences' contexts over --context +/- 25%% (times the ragged path)")
+    p.add_argument("--reps", type=int, default=50,
+                   help="timed calls per backend (torch_ref runs a fifth at batch 1, reps/(5B) and at least 3 at batch B)")
     p.add_argument("--context", type=int, default=512, help="context length L (default 512)")
     p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
@@ -31,6 +36,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def parse_batches(text: str) -> list[int]:
+    """``--batch``: comma-separated positive ints (InputError naming ``--batch`` otherwise)."""
+    from ..errors import InputError
+
+    items = [x.strip() for x in text.split(",")]
+    try:
+        batches = [int(x) for x in items]
+    except ValueError:
+        batches = []
+    if not batches or any(b < 1 for b in batches):
+        raise InputError(f"--batch takes comma-separated positive integers (e.g. 1,4,16,64), got {text!r}")
+    return batches
+
+
 def run(args) -> int:
     import torch
 
@@ -40,9 +59,9 @@ def run(args) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     try:
         depths = [int(x) for x in args.depth.split(",") if x]
-        batches = [int(x) for x in args.batch.split(",") if x]
     except ValueError:
-        raise InputError(f"--depth/--batch take comma-separated integers, got {args.depth!r} / {args.batch!r}") from None
+        raise InputError(f"--depth takes comma-separated integers, got {args.depth!r}") from None
+    batches = parse_batches(args.batch)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     head, presets = None, args.preset or list(PRESETS)
     if args.head:
@@ -56,6 +75,6 @@ def run(args) -> int:
         raise InputError("--target goes with --head")
     text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
                      json_path=args.json, batches=batches, breakdown=args.breakdown, context=args.context,
-                     new_rows=args.new_rows, head=head)
+                     new_rows=args.new_rows, head=head, ragged=args.ragged)
     print(text)
     return 0
