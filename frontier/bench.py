@@ -323,7 +323,8 @@ class BatchCallSetup:
 
 def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.dtype, bandwidth: float,
              reps: int = 50, kernel_only: bool = True) -> BenchRow:
-    setup = CallSetup(case, device=device, dtype=dtype) if case.batch == 1 else BatchCallSetup(case, device=device, dtype=dtype)
+    make = CallSetup if case.batch == 1 else BatchCallSetup  # batch 1 stays the single-sequence call
+    setup = make(case, device=device, dtype=dtype)
     fb = floor_bytes(setup.cfg, setup.weights)
     contexts = case.contexts()
     row = BenchRow(case.preset, case.depth, case.batch, torch.cuda.get_device_name(device),

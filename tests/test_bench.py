@@ -31,6 +31,15 @@ from frontier.commands.bench import parse_batches
 from frontier.random_head import random_config, random_weights
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny heads run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def tiny_case(*, batch, context, new_rows, ragged=False, seed=0, depth=3, top_k=3, total_token=10, **dims):
     """A BenchCase over a tiny random eagle3 head (duck-typing a loaded DraftHead)."""
     cfg = random_config(total_token=total_token, depth=depth, top_k=top_k, **dims)

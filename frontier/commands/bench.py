@@ -24,7 +24,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--ragged", action="store_true",
                    help="batch > 1: spread the sequences' contexts over --context +/- 25%% (times the ragged path)")
     p.add_argument("--reps", type=int, default=50,
-                   help="timed calls per backend (torch_ref runs a fifth at batch 1, reps/(5B) and at least 3 at batch B)")
+                   help="timed calls per backend (torch_ref runs a fifth at batch 1, and reps/(5B), at least 3, "
+                   "at batch B)")
     p.add_argument("--context", type=int, default=512, help="context length L (default 512)")
     p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
