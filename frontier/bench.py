@@ -333,23 +333,29 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     for name in backends:
         warmup, r = timing_reps(name, case.batch, reps)
         row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
-        # Kernel-only timing exists for batch 1 only: timing a batch's device work alone needs the
-        # lead's batched Drafter API (TritonBackend.generate_batch); until then batch rows time the
-        # full call only.
-        if name == "triton" and kernel_only and case.batch == 1:
+        if name == "triton" and kernel_only:
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
     del setup
     torch.cuda.empty_cache()
     return row
 
 
-def triton_kernel_only(setup: CallSetup, mode: str = "persistent") -> None:
-    """The triton backend's device work alone (no validation, no tree packing)."""
-    from .backends.triton.launch import Drafter
+def triton_kernel_only(setup, mode: str = "persistent") -> None:
+    """The triton backend's device work alone (no validation, no tree packing): one launch for
+    the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
+    from .backends.triton.launch import Drafter, SeqCall
     from .registry import get_backend
 
     be = get_backend("triton")
     d: Drafter = be.drafter(setup.cfg, setup.dtype, torch.device(setup.device))
+    if isinstance(setup, BatchCallSetup):
+        seqs = []
+        for slot, c, ids, feats in zip(setup.cache, setup.prefill, setup.ids, setup.features):
+            slot.truncate(c)
+            seqs.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
+        d.alloc_outputs(len(seqs))
+        d.run_batch(setup.weights, seqs, mode)
+        return
     d.alloc_outputs()
     ids = setup.ids[0, 1:]
     d.run(setup.weights, setup.features[0], ids[setup.c:], setup.ids[0, -1:], setup.cache, setup.c,

@@ -247,7 +247,7 @@ def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypa
     cache = fr.cache
     length = cache.length
     k0, v0 = cache.k[:, :, :length].clone(), cache.v[:, :, :length].clone()
-    original = launch.Drafter.run
+    original = launch.Drafter.run_batch
 
     def failing_run(self, *args, **kwargs):
         def hook(step):
@@ -257,7 +257,7 @@ def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypa
         kwargs["step_hook"] = hook
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(launch.Drafter, "run", failing_run)
+    monkeypatch.setattr(launch.Drafter, "run_batch", failing_run)
     with pytest.raises(RuntimeError, match="injected failure"):
         frontier_generate(cfg, feats[:, 5:], backend="triton", input_ids=ids, weights=w, cache=cache, mode="steps")
     assert cache.length == length
@@ -266,3 +266,93 @@ def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypa
     after = frontier_generate(cfg, feats[:, 5:], backend="triton", input_ids=ids, weights=w, cache=cache, mode="steps")
     fresh = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
     assert after.same_tree(fresh) and cache.length == 9
+
+
+# ----------------------------------------------------------------------------------------------
+# batches: one launch drafts every sequence (the weight tiles are shared by all tree rows)
+# ----------------------------------------------------------------------------------------------
+def _ragged(cfg, seed, batch, lo, hi):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(batch):
+        big_l = int(torch.randint(lo, hi, (1,), generator=g))
+        out.append((torch.randint(0, cfg.target_vocab_size, (1, big_l + 1), generator=g),
+                    torch.randn(1, big_l, cfg.feature_size, generator=g)))
+    return out, g
+
+
+def _batch_vs_single(cfg, w, seqs, g, device, calls, sampling=False, **opts):
+    """Drafts the ragged batch ``calls`` times (each sequence then gets 1..5 new rows) on separate
+    per-sequence caches, and checks every sequence against torch_ref drafting it alone."""
+    from frontier.cache import DraftCache
+
+    ids = [s[0].to(device) for s in seqs]
+    feats = [s[1].to(device) for s in seqs]
+    caches = [DraftCache.fresh(cfg, context_length=64, dtype=w.dtype, device=device, max_length=128 + 17 * b)
+              for b in range(len(seqs))]  # separate allocations of different lengths
+    singles = [c.clone() for c in caches]
+    for call in range(calls):
+        frs = frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, cache=caches, sampling=sampling, **opts)
+        for b, fr in enumerate(frs):
+            ref = frontier_generate(cfg, feats[b], "torch_ref", input_ids=ids[b], weights=w, cache=singles[b],
+                                    sampling=sampling)
+            _assert_same([ref], [fr], cfg)
+        for b in range(len(seqs)):
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            ids[b] = torch.cat([ids[b], torch.randint(0, cfg.target_vocab_size, (1, n), generator=g).to(device)], dim=1)
+            feats[b] = torch.randn(1, n, cfg.feature_size, generator=g).to(device)
+    return frs
+
+
+@pytest.mark.parametrize("arch,sampling", [("eagle3", False), ("eagle2", True)])
+def test_batch_on_separate_caches_matches_torch_ref(arch, sampling):
+    over = dict(total_token=14, depth=3, top_k=3, vocab_size=56)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 120
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=31, lm_head_scale=6.0, device=DEVICE)
+    seqs, g = _ragged(cfg, 32, batch=4, lo=2, hi=11)
+    _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
+
+
+def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
+    """Small accumulators force every weight phase through several sub-slabs and the 20 tree
+    rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs
+    and the row-tile loops must give the default tuning's result bit for bit."""
+    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
+    w = random_weights(cfg, seed=41, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 42, batch=5, lo=3, hi=9)
+    outs = []
+    for tn in (Tuning(), Tuning(bm_max=16, acc_elems=256)):
+        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        calls = []
+        for ids, feats in seqs:
+            cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
+            calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
+                                 feats.shape[1]))
+        d.alloc_outputs(len(calls))
+        d.run_batch(w, calls, "steps")
+        assert d.block_rows(len(calls)) == (32 if tn.bm_max > 16 else 16)
+        outs.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
+    assert torch.equal(t0, t1) and torch.equal(p0, p1)
+    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
+    for a, b in zip(c0, c1):  # the new rows' K/V reached each cache identically
+        assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["persistent", "steps"])
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_batch_matches_torch_ref(arch, mode):
+    over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
+                vocab_size=1000, total_token=60, depth=5, top_k=10)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 3000
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=51, device="cuda", lm_head_scale=6.0)
+    seqs, g = _ragged(cfg, 52, batch=7, lo=20, hi=70)
+    _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)

@@ -68,9 +68,13 @@ class TritonBackend(Backend):
         return d
 
     def generate(self, request) -> Frontier:
+        return self.generate_batch([request])[0]
+
+    def _check(self, request) -> str:
+        """Refusals of this backend (clear errors); returns the launch mode."""
         from .launch import interpreting
 
-        cfg, w = request.cfg, request.weights
+        cfg = request.cfg
         if cfg.num_layers != 1:
             raise InputError(
                 f"backend 'triton' runs single-layer draft heads (every EAGLE-3 head, the usual EAGLE-2 head); "
@@ -90,43 +94,68 @@ class TritonBackend(Backend):
             raise InputError(f"option mode must be 'persistent' or 'steps', got {mode!r}")
         if mode == "persistent" and interpreting():
             raise InputError("option mode='persistent' cannot run under TRITON_INTERPRET=1 (its grid barrier would spin)")
+        return mode
 
-        ids = request.input_ids[0, 1:]  # [L] token paired with each hidden state
-        cache = request.draft_cache()
-        c = cache.length
-        n = request.num_new
+    def generate_batch(self, requests) -> list[Frontier]:
+        """Draft B sequences in one launch: every weight tile is streamed once for the tree rows
+        of all sequences. Each sequence's Frontier equals drafting it alone."""
+        from .launch import SeqCall
 
-        d = self.drafter(cfg, w.dtype, request.device)
+        modes = {self._check(r) for r in requests}
+        if len(modes) != 1:
+            raise InputError(f"all sequences of a batch must use one launch mode, got {sorted(modes)}")
+        mode = modes.pop()
+        r0 = requests[0]
+        cfg, w = r0.cfg, r0.weights
+        seqs, caches = [], []
+        for b, r in enumerate(requests):
+            cache = r.draft_cache()
+            k0 = cache.k[0]
+            if not (k0.is_contiguous() and cache.v[0].is_contiguous()):
+                raise InputError(f"sequence {b}: backend 'triton' needs each draft cache's K/V storage contiguous "
+                                 f"per layer ([kv heads, max_length, head_dim] rows), got strides {tuple(k0.stride())}")
+            ids = r.input_ids[0, 1:]  # [L] the token paired with each hidden state
+            c, n = cache.length, r.num_new
+            seqs.append(SeqCall(r.features[0], ids[c:], r.input_ids[0, -1:], cache, c, n))
+            caches.append(cache)
+        if len({id(c) for c in caches}) != len(caches):
+            raise InputError("two sequences of a batch cannot share one draft cache")
+
+        d = self.drafter(cfg, w.dtype, r0.device)
         with d_lock(d):
-            d.alloc_outputs()
-            features = request.features[0].contiguous()  # [n, F]
-            ids_new = ids[c:].contiguous()  # [n]
-            root = request.input_ids[0, -1:].contiguous()  # [1]
-            d.run(w, features, ids_new, root, cache, c, n, mode)
-            out_tok, out_par, out_score = d.out_tok, d.out_par, d.out_score
-            if request.sampling or request.options.get("pack") == "torch":
-                # sampling orders retrieve rows lexicographically: the shared packer does it
-                packed = pack_tree(out_par, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
-                mask, pos, ret, leaf_count = packed.tree_mask, packed.tree_position_ids, packed.retrieve_indices, packed.leaf_count
-            else:  # packed in the kernel's final phase, pack_tree's exact layout
-                mask, pos, ret, leaf_count = d.out_mask[None, None], d.out_pos, d.out_ret, d.out_leaf[0]
-                if not request.padded:  # the one host read that sizes retrieve_indices
-                    n_leaves, deepest = d.out_leaf.tolist()
-                    ret = ret[:n_leaves, : deepest + 1].contiguous()
+            d.alloc_outputs(len(requests))
+            d.run_batch(w, seqs, mode)
+            need_host = any(not r.padded for r in requests)
+            leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
             if mode == "persistent":
                 d.check_error()  # one host read, after the packing work is queued behind the kernel
-        cache.commit(c + n)  # the kernel wrote rows [c, c+n); only now do they count
-        return Frontier(
-            draft_tokens=out_tok[None],
-            retrieve_indices=ret,
-            tree_mask=mask,
-            tree_position_ids=pos,
-            cache=cache,
-            scores=out_score,
-            parents=torch.cat([out_par.new_zeros(1), out_par]),
-            leaf_count=leaf_count,
-            padded=request.padded,
-        )
+            results = []
+            for b, r in enumerate(requests):
+                out_tok, out_par, out_score = d.out_tok[b], d.out_par[b], d.out_score[b]
+                if r.sampling or r.options.get("pack") == "torch":
+                    # sampling orders retrieve rows lexicographically: the shared packer does it
+                    packed = pack_tree(out_par, sampling=r.sampling, padded=r.padded, max_depth=cfg.depth + 1)
+                    mask, pos, ret, leaf_count = (packed.tree_mask, packed.tree_position_ids,
+                                                  packed.retrieve_indices, packed.leaf_count)
+                else:  # packed in the kernel's final phase, pack_tree's exact layout
+                    mask, pos, ret, leaf_count = d.out_mask[b][None, None], d.out_pos[b], d.out_ret[b], d.out_leaf[b, 0]
+                    if not r.padded:
+                        n_leaves, deepest = leaf_info[b]
+                        ret = ret[:n_leaves, : deepest + 1].contiguous()
+                results.append(Frontier(
+                    draft_tokens=out_tok[None],
+                    retrieve_indices=ret,
+                    tree_mask=mask,
+                    tree_position_ids=pos,
+                    cache=caches[b],
+                    scores=out_score,
+                    parents=torch.cat([out_par.new_zeros(1), out_par]),
+                    leaf_count=leaf_count,
+                    padded=r.padded,
+                ))
+        for cache, s in zip(caches, seqs):
+            cache.commit(s.c + s.n)  # the kernel wrote rows [c, c+n); only now do they count
+        return results
 
 
 class d_lock:

@@ -44,6 +44,17 @@ PH_SELECT = 14
 PH_FINAL = 15
 CTX_DEPTH = 255
 
+# Per-sequence metadata (int64 [B, META_W]): cached rows c_b, new rows n_b, first packed new row,
+# element offsets of the sequence's cache K and V from the kernel's kv base pointer, and the
+# cache's max_length (its rows per KV head).
+META_W = tl.constexpr(8)
+META_C = tl.constexpr(0)
+META_N = tl.constexpr(1)
+META_ROW = tl.constexpr(2)
+META_KOFF = tl.constexpr(3)
+META_VOFF = tl.constexpr(4)
+META_MAXLEN = tl.constexpr(5)
+
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
 
 
@@ -89,83 +100,91 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
-               MODE: tl.constexpr, BM: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+               MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
-    streamed once through a pipelined k-loop for all the activation rows (tiles of BM rows), so
-    every weight byte is read once per call of the phase and the few activation rows are re-read
-    (from L2) once per slab. MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``);
-    2: + bias; 4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
+    streamed through a pipelined k-loop for all the activation rows. The slab is walked in
+    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
+    batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
+    call of the phase for all rows; with many rows (batching) a sub-slab (BNS x Kd, a few hundred
+    KB per program) is re-read for the later tiles while it is still in L2.
+    MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
+    4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
     DT = y_ptr.dtype.element_ty
     if MODE == 4:
         NT = N + 2 * N2
     else:
         NT = N
-    rp = tl.arange(0, BNP)
-    rr = pid * RP + rp
-    rmask = (rp < RP) & (rr < NT)
-    if MODE == 4:
-        wrow = tl.where(rr < N, w_ptr + rr * Kd,
-                        tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
-    else:
-        wrow = w_ptr + rr * Kd
     rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
-    for m0 in range(0, M, BM):
-        rm = m0 + rbm
-        acc = tl.zeros([BNP, BM], dtype=tl.float32)
-        for k0 in range(0, Kd, BK):
-            kk = k0 + rk
-            w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
-            x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                        other=0.0, cache_modifier=".cg")
-            if IEEE:
-                acc = tl.dot(w, x, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, x, acc)
-        msk = rmask[:, None] & (rm[None, :] < M)
-        if MODE == 1:
-            r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0, cache_modifier=".cg").to(tl.float32)
-            out = (acc.to(DT).to(tl.float32) + r).to(DT)
-        elif MODE == 2:
-            b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
-            out = (acc + b[:, None]).to(DT)
+    for s0 in range(0, RP, BNS):
+        rp = s0 + tl.arange(0, BNS)
+        rr = pid * RP + rp
+        rmask = (rp < RP) & (rr < NT)
+        if MODE == 4:
+            wrow = tl.where(rr < N, w_ptr + rr * Kd,
+                            tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
         else:
-            out = acc.to(DT)
-        tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
+            wrow = w_ptr + rr * Kd
+        for m0 in range(0, M, BM):
+            rm = m0 + rbm
+            acc = tl.zeros([BNS, BM], dtype=tl.float32)
+            for k0 in range(0, Kd, BK):
+                kk = k0 + rk
+                w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
+                x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
+                            other=0.0, cache_modifier=".cg")
+                if IEEE:
+                    acc = tl.dot(w, x, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(w, x, acc)
+            msk = rmask[:, None] & (rm[None, :] < M)
+            if MODE == 1:
+                r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0,
+                            cache_modifier=".cg").to(tl.float32)
+                out = (acc.to(DT).to(tl.float32) + r).to(DT)
+            elif MODE == 2:
+                b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
+                out = (acc + b[:, None]).to(DT)
+            else:
+                out = acc.to(DT)
+            tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
 
 
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
-               BM: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
-    One slab of RP rows of both matrices per program, streamed in the same k-loop."""
+    One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM
+    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
     DT = y_ptr.dtype.element_ty
-    rp = tl.arange(0, BNP)
-    rr = pid * RP + rp
-    rmask = (rp < RP) & (rr < N)
     rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
-    for m0 in range(0, M, BM):
-        rm = m0 + rbm
-        acc_g = tl.zeros([BNP, BM], dtype=tl.float32)
-        acc_u = tl.zeros([BNP, BM], dtype=tl.float32)
-        for k0 in range(0, Kd, BK):
-            kk = k0 + rk
-            wmask = rmask[:, None] & (kk[None, :] < Kd)
-            wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-            wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-            x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
-            if IEEE:
-                acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
-                acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
-            else:
-                acc_g = tl.dot(wg, x, acc_g)
-                acc_u = tl.dot(wu, x, acc_u)
-        g = acc_g.to(DT).to(tl.float32)
-        u = acc_u.to(DT).to(tl.float32)
-        sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
-        msk = rmask[:, None] & (rm[None, :] < M)
-        tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=msk)
+    for s0 in range(0, RP, BNS):
+        rp = s0 + tl.arange(0, BNS)
+        rr = pid * RP + rp
+        rmask = (rp < RP) & (rr < N)
+        for m0 in range(0, M, BM):
+            rm = m0 + rbm
+            acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
+            for k0 in range(0, Kd, BK):
+                kk = k0 + rk
+                wmask = rmask[:, None] & (kk[None, :] < Kd)
+                wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+                wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
+                            other=0.0, cache_modifier=".cg")
+                if IEEE:
+                    acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
+                    acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
+                else:
+                    acc_g = tl.dot(wg, x, acc_g)
+                    acc_u = tl.dot(wu, x, acc_u)
+            g = acc_g.to(DT).to(tl.float32)
+            u = acc_u.to(DT).to(tl.float32)
+            sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+            msk = rmask[:, None] & (rm[None, :] < M)
+            tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=msk)
 
 
 @triton.jit
@@ -212,36 +231,85 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _ph_rope(pid, nprog, M, qkv_ptr, qr_ptr, q_row0, kd_ptr, vd_ptr, kv_head_stride, kv_row0,
-             pos0, pos_step, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D: tl.constexpr):
-    """Rotary on q (rows >= q_row0, into qr) and k; k (rotated) and v go to the K/V store
-    (the cache rows of the context step, or this depth's tree scratch rows)."""
-    DT = qr_ptr.dtype.element_ty
+def _rotary(base, pos, cos_ptr, sin_ptr, HD, DT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One head row of q or k at ``base`` rotated to position ``pos``, rounded like the
+    reference: ``round(round(x*cos) + round(rotate_half(x)*sin))``."""
     half = HD // 2
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
     rot = tl.where(rd < half, rd + half, rd - half)
     sign = tl.where(rd < half, -1.0, 1.0)
+    c = tl.load(cos_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
+    x = tl.load(base + rd, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
+    xr = tl.load(base + rot, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
+    return ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
+
+
+@triton.jit
+def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
+                 cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Context step, the N packed new rows of all sequences. Row m belongs to sequence b =
+    row_seq[m] at context position c_b + j: its rotated k and its v go to cache b's row c_b + j
+    (the cache's own base offset and length from the metadata); the q of each sequence's last
+    new row goes to qr[b], and that row's hidden state (the attention residual) to hres[b]."""
+    DT = qr_ptr.dtype.element_ty
+    rd = tl.arange(0, BLOCK_D)
+    dm = rd < HD
+    width = (NH + 2 * NKV) * HD
+    heads = NH + NKV
+    for t in range(pid, N * heads, nprog):
+        m = t // heads
+        hh = t - m * heads
+        b = tl.load(row_seq_ptr + m)
+        mb = meta_ptr + b * META_W
+        c_b = tl.load(mb + META_C)
+        n_b = tl.load(mb + META_N)
+        j = m - tl.load(mb + META_ROW)
+        base = qkv_ptr + m * width + hh * HD
+        y = _rotary(base, c_b + j, cos_ptr, sin_ptr, HD, DT, BLOCK_D)
+        last = j == n_b - 1
+        if hh < NH:
+            if last:
+                tl.store(qr_ptr + b * NH * HD + hh * HD + rd, y, mask=dm)
+        else:
+            g = hh - NH
+            row = g * tl.load(mb + META_MAXLEN) * HD + (c_b + j) * HD
+            tl.store(kv_ptr + tl.load(mb + META_KOFF) + row + rd, y, mask=dm)
+            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0, cache_modifier=".cg")
+            tl.store(kv_ptr + tl.load(mb + META_VOFF) + row + rd, v, mask=dm)
+        if (hh == 0) & last:
+            rh = tl.arange(0, BLOCK_H)
+            hrow = tl.load(hcur_ptr + m * H + rh, mask=rh < H, other=0.0, cache_modifier=".cg")
+            tl.store(hres_ptr + b * H + rh, hrow, mask=rh < H)
+
+
+@triton.jit
+def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, t_head_stride, SK,
+                  cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D: tl.constexpr):
+    """Depth i, the M = B*K frontier rows: row r = b*K + j sits at position L_b + i; q goes to
+    qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree scratch."""
+    DT = qr_ptr.dtype.element_ty
+    rd = tl.arange(0, BLOCK_D)
+    dm = rd < HD
     width = (NH + 2 * NKV) * HD
     heads = NH + NKV
     for t in range(pid, M * heads, nprog):
-        m = t // heads
-        hh = t - m * heads
-        pos = pos0 + m * pos_step
-        c = tl.load(cos_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
-        base = qkv_ptr + m * width + hh * HD
-        x = tl.load(base + rd, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
-        xr = tl.load(base + rot, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
-        y = ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
+        r = t // heads
+        hh = t - r * heads
+        b = r // K
+        mb = meta_ptr + b * META_W
+        pos = tl.load(mb + META_C) + tl.load(mb + META_N) + i
+        base = qkv_ptr + r * width + hh * HD
+        y = _rotary(base, pos, cos_ptr, sin_ptr, HD, DT, BLOCK_D)
         if hh < NH:
-            if m >= q_row0:
-                tl.store(qr_ptr + (m - q_row0) * NH * HD + hh * HD + rd, y, mask=dm)
+            tl.store(qr_ptr + r * NH * HD + hh * HD + rd, y, mask=dm)
         else:
             g = hh - NH
-            tl.store(kd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, y, mask=dm)
+            slot = b * SK + i * K + (r - b * K)
+            tl.store(tk_ptr + g * t_head_stride + slot * HD + rd, y, mask=dm)
             v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0, cache_modifier=".cg")
-            tl.store(vd_ptr + g * kv_head_stride + (kv_row0 + m) * HD + rd, v, mask=dm)
+            tl.store(tv_ptr + g * t_head_stride + slot * HD + rd, v, mask=dm)
 
 
 @triton.jit
@@ -275,16 +343,18 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
 
 
 @triton.jit
-def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
+def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                   tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
                   pm_ptr, pl_ptr, pacc_ptr, NCH,
                   PASS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_CH: tl.constexpr, IEEE: tl.constexpr):
-    """Single-query attention of R rows, split over the grid (flash-decoding with the reference's
-    rounding). Work items: (KV head g, part c), parts 0..NCH-1 = contiguous chunks of the nctx
-    context keys (shared by all rows), part NCH = each row's n_anc ancestor slots in the tree
-    scratch (gathered per row: the tree mask is implicit). An item holds every (row, head)
-    query of its group, so each K/V byte is read once for all rows.
+    """Single-query attention of R rows per sequence (B sequences), split over the grid
+    (flash-decoding with the reference's rounding). Work items: (sequence b, KV head g, part c);
+    parts 0..NCH-1 = contiguous chunks of sequence b's context keys (its cache rows
+    [0, c_b + n_b): the context step wrote the new rows before attention), part NCH =
+    each row's n_anc ancestor slots in the tree scratch (gathered per row: the tree mask is
+    implicit). An item holds every (row, head) query of its sequence's KV group, so each K/V byte
+    is read once for all of that sequence's rows.
     PASS 1: per-part max and sum of exp. PASS 2: global max/sum from all parts, probabilities
     rounded to the compute dtype (as the reference casts softmax's output) times V, per part."""
     DT = qr_ptr.dtype.element_ty
@@ -296,14 +366,22 @@ def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
     parts = NCH + 1
-    chunk = tl.cdiv(nctx, NCH)
-    for t in range(pid, NKV * parts, nprog):
-        g = t // parts
-        c = t - g * parts
-        qoff = r_of * NH * HD + (g * G + hl) * HD
+    for t in range(pid, B * NKV * parts, nprog):
+        bg = t // parts
+        c = t - bg * parts
+        b = bg // NKV
+        g = bg - b * NKV
+        mb = meta_ptr + b * META_W
+        nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
+        c_head_stride = tl.load(mb + META_MAXLEN) * HD
+        ck_ptr = kv_ptr + tl.load(mb + META_KOFF)
+        cv_ptr = kv_ptr + tl.load(mb + META_VOFF)
+        anc_b = anc_ptr + b * R * anc_stride
+        chunk = tl.cdiv(nctx, NCH)
+        qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
         q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
                     cache_modifier=".cg")
-        base = (g * parts + c) * BLOCK_Q
+        base = (bg * parts + c) * BLOCK_Q
         j_lo = c * chunk
         j_hi = tl.minimum(nctx, j_lo + chunk)
         if PASS == 1:
@@ -318,7 +396,7 @@ def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
                     m_i = m_new
             else:
                 for a in range(n_anc):
-                    sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
+                    sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
                                             HD, DT, BLOCK_D)
                     m_new = tl.maximum(m_i, sa)
                     l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
@@ -327,7 +405,7 @@ def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
             tl.store(pl_ptr + base + rq, l_i)
         else:
             rc = tl.arange(0, BLOCK_CH)
-            pidx = (g * parts + rc[:, None]) * BLOCK_Q + rq[None, :]
+            pidx = (bg * parts + rc[:, None]) * BLOCK_Q + rq[None, :]
             cm = (rc < parts)[:, None]
             pms = tl.load(pm_ptr + pidx, mask=cm, other=float("-inf"), cache_modifier=".cg")
             pls = tl.load(pl_ptr + pidx, mask=cm, other=0.0, cache_modifier=".cg")
@@ -346,7 +424,7 @@ def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
                         acc = tl.dot(p, v, acc)
             else:
                 for a in range(n_anc):
-                    sa, slot = _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
+                    sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
                                             HD, DT, BLOCK_D)
                     pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
                     vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
@@ -356,7 +434,7 @@ def _ph_attn_part(pid, nprog, R, qr_ptr, ck_ptr, cv_ptr, c_head_stride, nctx,
 
 
 @triton.jit
-def _ph_attn_sum(pid, nprog, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
+def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
                  BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, SUB_Q: tl.constexpr):
     """Attention output: the sum over parts of the per-part P@V (fp32), rounded to the dtype."""
     DT = ao_ptr.dtype.element_ty
@@ -365,16 +443,18 @@ def _ph_attn_sum(pid, nprog, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
     nsub = BLOCK_Q // SUB_Q
     rs = tl.arange(0, SUB_Q)
     rd = tl.arange(0, BLOCK_D)
-    for t in range(pid, NKV * nsub, nprog):
-        g = t // nsub
-        rq = (t - g * nsub) * SUB_Q + rs
+    for t in range(pid, B * NKV * nsub, nprog):
+        bg = t // nsub
+        b = bg // NKV
+        g = bg - b * NKV
+        rq = (t - bg * nsub) * SUB_Q + rs
         r_of = rq // G
         hl = rq - r_of * G
         acc = tl.zeros([SUB_Q, BLOCK_D], tl.float32)
         for c in range(parts):
-            acc += tl.load(pacc_ptr + ((g * parts + c) * BLOCK_Q + rq)[:, None] * BLOCK_D + rd[None, :],
+            acc += tl.load(pacc_ptr + ((bg * parts + c) * BLOCK_Q + rq)[:, None] * BLOCK_D + rd[None, :],
                            cache_modifier=".cg")
-        qoff = r_of * NH * HD + (g * G + hl) * HD
+        qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=(r_of < R)[:, None] & (rd < HD)[None, :])
 
 
@@ -388,81 +468,102 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
 
 
 @triton.jit
-def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP,
-               BM: tl.constexpr, KP: tl.constexpr, BNP: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR,
+               BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                HALVES: tl.constexpr):
-    """lm_head over one slab of RP vocabulary rows per program, then in registers: the slab's
-    max and sum of exp per row (for the log-softmax) and its top-KP logits per row as ranking
-    keys. Each program writes only that partial (keys [BM, KP], max [BM], sum [BM]) to its slot:
-    the [rows, V] logits never reach memory. HALVES=2 streams the slab as two half-height tiles
-    per stage (two accumulators, same k-chunks, so the same sums)."""
+    """lm_head over one slab of RP vocabulary rows per program, then in registers: per
+    activation row the slab's max and sum of exp (for the log-softmax) and its top-KP logits as
+    ranking keys. Each program writes only that partial (keys [MR, KP], max [MR], sum [MR]) to its
+    slot: the [rows, V] logits never reach memory. The slab is walked in sub-slabs of BNS rows
+    (one at batch 1), each against tiles of BM activation rows; a later sub-slab's results are
+    merged into the program's partial (running max / rescaled sum / top-KP), which only this
+    program touches. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
+    accumulators, same k-chunks, so the same sums)."""
     DT = x_ptr.dtype.element_ty
-    HB: tl.constexpr = BNP // HALVES
-    rm = tl.arange(0, BM)
+    HB: tl.constexpr = BNS // HALVES
+    rbm = tl.arange(0, BM)
     rp = tl.arange(0, HB)
-    rr1 = pid * RP + rp
-    m1 = (rp < RP) & (rr1 < V)
-    rr2 = rr1 + HB
-    m2 = (rp + HB < RP) & (rr2 < V)
     rk = tl.arange(0, BK)
-    acc1 = tl.zeros([HB, BM], dtype=tl.float32)
-    acc2 = tl.zeros([HB, BM], dtype=tl.float32)
-    for k0 in range(0, Kd, BK):
-        kk = k0 + rk
-        km = (kk[None, :] < Kd)
-        x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd), other=0.0,
-                    cache_modifier=".cg")
-        w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0)
-        if HALVES == 2:
-            w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0)
-        if IEEE:
-            acc1 = tl.dot(w1, x, acc1, input_precision="ieee")
-            if HALVES == 2:
-                acc2 = tl.dot(w2, x, acc2, input_precision="ieee")
-        else:
-            acc1 = tl.dot(w1, x, acc1)
-            if HALVES == 2:
-                acc2 = tl.dot(w2, x, acc2)
-    key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
-    if HALVES == 2:
-        key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
-        rmax = tl.maximum(max1, max2)
-    else:
-        rmax = max1
-    safe = tl.where(rmax == float("-inf"), 0.0, rmax)
-    rsum = tl.sum(tl.exp(logit1 - safe[:, None]), axis=1)
-    if HALVES == 2:
-        rsum += tl.sum(tl.exp(logit2 - safe[:, None]), axis=1)
     col = tl.arange(0, KP)[None, :]
-    top = tl.full([BM, KP], KEY_NONE, tl.int64)
-    for j in tl.static_range(KP):  # KP rounds of the row max: the slab's top-KP, ranked
-        best = tl.max(key1, axis=1)
-        if HALVES == 2:
-            best = tl.maximum(best, tl.max(key2, axis=1))
-        top = tl.where(col == j, best[:, None], top)
-        key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
-        if HALVES == 2:
-            key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
-    tl.store(keys_ptr + pid * BM * KP + rm[:, None] * KP + col, top)
-    tl.store(max_ptr + pid * BM + rm, rmax)
-    tl.store(sum_ptr + pid * BM + rm, rsum)
+    kslot = keys_ptr + pid * MR * KP
+    mslot = max_ptr + pid * MR
+    sslot = sum_ptr + pid * MR
+    for s0 in range(0, RP, BNS):
+        rr1 = pid * RP + s0 + rp
+        m1 = (s0 + rp < RP) & (rr1 < V)
+        rr2 = rr1 + HB
+        m2 = (s0 + rp + HB < RP) & (rr2 < V)
+        for m0 in range(0, M, BM):
+            rm = m0 + rbm
+            acc1 = tl.zeros([HB, BM], dtype=tl.float32)
+            acc2 = tl.zeros([HB, BM], dtype=tl.float32)
+            for k0 in range(0, Kd, BK):
+                kk = k0 + rk
+                km = (kk[None, :] < Kd)
+                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
+                            other=0.0, cache_modifier=".cg")
+                w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0)
+                if HALVES == 2:
+                    w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0)
+                if IEEE:
+                    acc1 = tl.dot(w1, x, acc1, input_precision="ieee")
+                    if HALVES == 2:
+                        acc2 = tl.dot(w2, x, acc2, input_precision="ieee")
+                else:
+                    acc1 = tl.dot(w1, x, acc1)
+                    if HALVES == 2:
+                        acc2 = tl.dot(w2, x, acc2)
+            key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
+            if HALVES == 2:
+                key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
+                tmax = tl.maximum(max1, max2)
+            else:
+                tmax = max1
+            safe = tl.where(tmax == float("-inf"), 0.0, tmax)
+            tsum = tl.sum(tl.exp(logit1 - safe[:, None]), axis=1)
+            if HALVES == 2:
+                tsum += tl.sum(tl.exp(logit2 - safe[:, None]), axis=1)
+            rmask = rm < MR
+            # the partial so far (nothing before the first sub-slab)
+            old = tl.load(kslot + rm[:, None] * KP + col, mask=rmask[:, None] & (s0 > 0), other=KEY_NONE)
+            omax = tl.load(mslot + rm, mask=rmask & (s0 > 0), other=float("-inf"))
+            osum = tl.load(sslot + rm, mask=rmask & (s0 > 0), other=0.0)
+            nmax = tl.maximum(omax, tmax)
+            nsafe = tl.where(nmax == float("-inf"), 0.0, nmax)
+            nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
+                tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
+            top = tl.full([BM, KP], KEY_NONE, tl.int64)
+            for j in tl.static_range(KP):  # KP rounds of the row max: the running top-KP, ranked
+                best = tl.maximum(tl.max(key1, axis=1), tl.max(old, axis=1))
+                if HALVES == 2:
+                    best = tl.maximum(best, tl.max(key2, axis=1))
+                top = tl.where(col == j, best[:, None], top)
+                key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+                old = tl.where(old == best[:, None], KEY_NONE, old)
+                if HALVES == 2:
+                    key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
+            tl.debug_barrier()
+            tl.store(kslot + rm[:, None] * KP + col, top, mask=rmask[:, None])
+            tl.store(mslot + rm, nmax, mask=rmask)
+            tl.store(sslot + rm, nsum, mask=rmask)
+            tl.debug_barrier()
 
 
 @triton.jit
-def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K,
-              BM: tl.constexpr, KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr):
+def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
+              KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr):
     """Per row: log-sum-exp from the partials, log-probs of the partial top lists rounded to
     the compute dtype, and the row's top-K by (log-prob, lower index)."""
     rp = tl.arange(0, BLOCK_P)
     pm = rp < P
     rk = tl.arange(0, KP)
     for r in range(pid, R, nprog):
-        pmax = tl.load(max_ptr + rp * BM + r, mask=pm, other=float("-inf"), cache_modifier=".cg")
-        psum = tl.load(sum_ptr + rp * BM + r, mask=pm, other=0.0, cache_modifier=".cg")
+        pmax = tl.load(max_ptr + rp * MR + r, mask=pm, other=float("-inf"), cache_modifier=".cg")
+        psum = tl.load(sum_ptr + rp * MR + r, mask=pm, other=0.0, cache_modifier=".cg")
         gmax = tl.max(pmax, axis=0)
         scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
         logs = tl.log(tl.sum(psum * scale, axis=0))
-        ks = tl.load(keys_ptr + rp[:, None] * BM * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
+        ks = tl.load(keys_ptr + rp[:, None] * MR * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
         lp = ((_key_val(ks) - gmax) - logs).to(DT).to(tl.float32)
         k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp, _key_idx(ks)))
         for j in range(K):
@@ -473,78 +574,87 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
 
 
 @triton.jit
-def _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr,
-               anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
+               fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
                IS_CTX: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
                DT: tl.constexpr):
-    """One program. Context step: the root's top-K become candidates 0..K-1 and the depth-0
-    frontier. Depth i: cumulative scores of the K*K children, their candidate entries, and the
-    top-K prune into the next frontier (tokens, scores, parent rows, ancestor slots)."""
+    """One program per sequence b (its K frontier rows b*K.., its C candidates, its RPW
+    row-parent entries). Context step: the root's top-K (row b of the lm_head output) become
+    candidates 0..K-1 and the depth-0 frontier, whose hidden source is row b. Depth i:
+    cumulative scores of the K*K children, their candidate entries, and the top-K prune into
+    the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...)."""
     rr = tl.arange(0, BLOCK_K)
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
-    if IS_CTX:
-        lp = tl.load(sel_lp_ptr + rr, mask=rmask, other=0.0, cache_modifier=".cg")
-        tokd = tl.load(sel_tok_ptr + rr, mask=rmask, other=0, cache_modifier=".cg")
-        tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
-        tok = tokd
-        if HAS_D2T:
-            tok = tokd + tl.load(d2t_ptr + tokd, mask=rmask, other=0)
-        tl.store(cand_score_ptr + rr, lp, mask=rmask)
-        tl.store(cand_tok_ptr + rr, tok, mask=rmask)
-        tl.store(row_par_ptr + rr * 0, tl.zeros([BLOCK_K], tl.int64), mask=rr == 0)
-        tl.store(fr_score_ptr + rr, lp, mask=rmask)
-        tl.store(fr_tok_ptr + rr, tok, mask=rmask)
-        tl.store(fr_src_ptr + rr, tl.zeros([BLOCK_K], tl.int32), mask=rmask)
-        tl.store(fr_pick_ptr + rr, rr.to(tl.int64), mask=rmask)
-        tl.store(anc_ptr + rr * BLOCK_A, rr, mask=rmask)
-    else:
-        jj = tl.arange(0, BLOCK_K)
-        valid = rmask[:, None] & (jj < K)[None, :]
-        lp = tl.load(sel_lp_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0.0, cache_modifier=".cg")
-        tokd = tl.load(sel_tok_ptr + rr[:, None] * KP + jj[None, :], mask=valid, other=0, cache_modifier=".cg")
-        tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
-        tok = tokd
-        if HAS_D2T:
-            tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
-        score = tl.load(fr_score_ptr + rr, mask=rmask, other=0.0, cache_modifier=".cg")
-        pick_old = tl.load(fr_pick_ptr + rr, mask=rmask, other=0, cache_modifier=".cg")
-        cs = (score[:, None] + lp).to(DT).to(tl.float32)
-        flat = rr[:, None] * K + jj[None, :]
-        base = K + i * K * K
-        tl.store(cand_score_ptr + base + flat, cs, mask=valid)
-        tl.store(cand_tok_ptr + base + flat, tok, mask=valid)
-        offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
-        tl.store(row_par_ptr + 1 + i * K + rr, pick_old + offset, mask=rmask)
-        keys = tl.where(valid, _key(cs, flat), KEY_NONE)
-        npick = tl.zeros([BLOCK_K], tl.int32)
-        nscore = tl.zeros([BLOCK_K], tl.float32)
-        ntok = tl.zeros([BLOCK_K], tl.int64)
-        for j in range(K):
-            best = tl.max(tl.max(keys, axis=1), axis=0)
-            f = _key_idx(best).to(tl.int32)
-            hit = keys == best
-            npick = tl.where(rr == j, f, npick)
-            nscore = tl.where(rr == j, _key_val(best), nscore)
-            ntok = tl.where(rr == j, tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0), ntok)
-            keys = tl.where(hit, KEY_NONE, keys)
-        prow = npick // K
-        prow = tl.minimum(tl.maximum(prow, 0), K - 1)
-        old = tl.load(anc_ptr + prow[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :], other=0, cache_modifier=".cg")
+    for b in range(pid, B, nprog):
+        fb = b * K  # first frontier row of sequence b
+        cand_s = cand_score_ptr + b * C
+        cand_t = cand_tok_ptr + b * C
+        rpar = row_par_ptr + b * RPW
+        if IS_CTX:
+            lp = tl.load(sel_lp_ptr + b * KP + rr, mask=rmask, other=0.0, cache_modifier=".cg")
+            tokd = tl.load(sel_tok_ptr + b * KP + rr, mask=rmask, other=0, cache_modifier=".cg")
+            tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
+            tok = tokd
+            if HAS_D2T:
+                tok = tokd + tl.load(d2t_ptr + tokd, mask=rmask, other=0)
+            tl.store(cand_s + rr, lp, mask=rmask)
+            tl.store(cand_t + rr, tok, mask=rmask)
+            tl.store(rpar + rr * 0, tl.zeros([BLOCK_K], tl.int64), mask=rr == 0)
+            tl.store(fr_score_ptr + fb + rr, lp, mask=rmask)
+            tl.store(fr_tok_ptr + fb + rr, tok, mask=rmask)
+            tl.store(fr_src_ptr + fb + rr, tl.zeros([BLOCK_K], tl.int32) + b, mask=rmask)
+            tl.store(fr_pick_ptr + fb + rr, rr.to(tl.int64), mask=rmask)
+            tl.store(anc_ptr + (fb + rr) * BLOCK_A, b * SK + rr, mask=rmask)
+        else:
+            jj = tl.arange(0, BLOCK_K)
+            valid = rmask[:, None] & (jj < K)[None, :]
+            lp = tl.load(sel_lp_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0.0, cache_modifier=".cg")
+            tokd = tl.load(sel_tok_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0, cache_modifier=".cg")
+            tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
+            tok = tokd
+            if HAS_D2T:
+                tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
+            score = tl.load(fr_score_ptr + fb + rr, mask=rmask, other=0.0, cache_modifier=".cg")
+            pick_old = tl.load(fr_pick_ptr + fb + rr, mask=rmask, other=0, cache_modifier=".cg")
+            cs = (score[:, None] + lp).to(DT).to(tl.float32)
+            flat = rr[:, None] * K + jj[None, :]
+            base = K + i * K * K
+            tl.store(cand_s + base + flat, cs, mask=valid)
+            tl.store(cand_t + base + flat, tok, mask=valid)
+            offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
+            tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
+            keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+            npick = tl.zeros([BLOCK_K], tl.int32)
+            nscore = tl.zeros([BLOCK_K], tl.float32)
+            ntok = tl.zeros([BLOCK_K], tl.int64)
+            for j in range(K):
+                best = tl.max(tl.max(keys, axis=1), axis=0)
+                f = _key_idx(best).to(tl.int32)
+                hit = keys == best
+                npick = tl.where(rr == j, f, npick)
+                nscore = tl.where(rr == j, _key_val(best), nscore)
+                ntok = tl.where(rr == j, tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0), ntok)
+                keys = tl.where(hit, KEY_NONE, keys)
+            prow = npick // K
+            prow = tl.minimum(tl.maximum(prow, 0), K - 1)
+            old = tl.load(anc_ptr + (fb + prow)[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :],
+                          other=0, cache_modifier=".cg")
+            tl.debug_barrier()
+            new = tl.where((ra == i + 1)[None, :], (b * SK + (i + 1) * K + rr)[:, None], old)
+            tl.store(anc_ptr + (fb + rr)[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
+            tl.store(fr_score_ptr + fb + rr, nscore, mask=rmask)
+            tl.store(fr_tok_ptr + fb + rr, ntok, mask=rmask)
+            tl.store(fr_src_ptr + fb + rr, fb + prow, mask=rmask)
+            tl.store(fr_pick_ptr + fb + rr, npick.to(tl.int64), mask=rmask)
         tl.debug_barrier()
-        new = tl.where((ra == i + 1)[None, :], ((i + 1) * K + rr)[:, None], old)
-        tl.store(anc_ptr + rr[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
-        tl.store(fr_score_ptr + rr, nscore, mask=rmask)
-        tl.store(fr_tok_ptr + rr, ntok, mask=rmask)
-        tl.store(fr_src_ptr + rr, prow, mask=rmask)
-        tl.store(fr_pick_ptr + rr, npick.to(tl.int64), mask=rmask)
 
 
 @triton.jit
-def _ph_final(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
+def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
               out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
               BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One program: top-(T-1) of the C candidates (ties to the lower index), in ascending
+    """One sequence: top-(T-1) of the C candidates (ties to the lower index), in ascending
     candidate order; tokens, scores and parent positions (searchsorted semantics); then the tree
     packed exactly as ``frontier.tree.pack_tree`` packs it (padded layout): tree_mask,
     tree_position_ids, retrieve_indices [T, W] with W = D+2 (leaves ascending, -1 padded), leaf
@@ -605,6 +715,20 @@ def _ph_final(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_pt
     tl.store(out_leaf_ptr + 1, tl.max(tl.where(tm, posid, 0), axis=0).to(tl.int64))
 
 
+@triton.jit
+def _ph_final(pid, nprog, B, C, T, K, D1, W, RPW, PFW, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,
+              pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
+              BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One program per sequence: its final selection and tree packing (``_final_one``) on its
+    own slices of the candidate arrays, scratch and outputs."""
+    for b in range(pid, B, nprog):
+        _final_one(C, T, K, D1, W, cand_score_ptr + b * C, cand_tok_ptr + b * C, row_par_ptr + b * RPW, root_ptr + b,
+                   cnt_ptr + b * BLOCK_C, pf_ptr + b * PFW, out_tok_ptr + b * T, out_par_ptr + b * (T - 1),
+                   out_score_ptr + b * T, out_mask_ptr + b * T * T, out_pos_ptr + b * T, out_ret_ptr + b * T * W,
+                   out_leaf_ptr + b * 2, BLOCK_C, BLOCK_T, BLOCK_W)
+        tl.debug_barrier()
+
+
 # ----------------------------------------------------------------------------------------------
 # grid barrier
 # ----------------------------------------------------------------------------------------------
@@ -641,43 +765,47 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
 # ----------------------------------------------------------------------------------------------
 # the kernel
 # ----------------------------------------------------------------------------------------------
-# The context length and the number of new rows change with every call: without this, Triton
+# The batch size and the number of packed new rows change with every call: without this, Triton
 # specialises them (== 1, % 16 == 0) and recompiles the kernel as generation proceeds.
-@triton.jit(do_not_specialize=["n_new", "c_len"])
+@triton.jit(do_not_specialize=["B", "N"])
 def drafter_kernel(
     # schedule
     sched_ptr, n_steps, sync_ptr, time_ptr,
     # weights
     emb_ptr, fcw_ptr, fcb_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr,
     ln_in_ptr, ln_post_ptr, ln_hid_ptr, ln_f_ptr, lm_ptr, d2t_ptr, cos_ptr, sin_ptr,
-    # inputs and cache
-    feat_ptr, ids_ptr, root_ptr, ck_ptr, cv_ptr,
+    # inputs (packed over the batch) and the caches
+    meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
-    hcur_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
+    hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
     tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
-    n_new, c_len, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, max_len, SK, eps, sqrt_d,
+    B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
     RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
-    BNP_FC: tl.constexpr, BK_FC: tl.constexpr, BNP_QKV: tl.constexpr, BK_QKV: tl.constexpr,
-    BNP_O: tl.constexpr, BK_O: tl.constexpr, BNP_GU: tl.constexpr, BK_GU: tl.constexpr,
-    BNP_D: tl.constexpr, BK_D: tl.constexpr, BNP_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr,
+    BNS_FC: tl.constexpr, BK_FC: tl.constexpr, BNS_QKV: tl.constexpr, BK_QKV: tl.constexpr,
+    BNS_O: tl.constexpr, BK_O: tl.constexpr, BNS_GU: tl.constexpr, BK_GU: tl.constexpr,
+    BNS_D: tl.constexpr, BK_D: tl.constexpr, BNS_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
+    """B sequences at once. Context step rows: the N new rows of all sequences, packed in
+    sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
+    sequence); after attention one row per sequence. Tree rows: B*K, sequence b's at b*K.
+    Every weight-streaming phase runs over all rows of all sequences together."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
-    L = c_len + n_new
     NQ = NH * HD
     NKVD = NKV * HD
+    RPW = 1 + D * K  # row-parent entries per sequence
     if TIMING:  # program 0 stamps the global timer at the start and after every barrier
         if pid == 0:
             tl.store(time_ptr, _globaltimer(pid))
@@ -686,97 +814,100 @@ def drafter_kernel(
         ph = code // 256
         i = code % 256
         is_ctx = i == 255
-        # rows of this step: the n new rows (context step, up to attention), else 1 or K
-        m_in = tl.where(is_ctx, n_new, K)
-        m_out = tl.where(is_ctx, 1, K)
+        # rows of this step: the N packed new rows (context step, up to attention), else B or B*K
+        m_in = tl.where(is_ctx, N, B * K)
+        m_out = tl.where(is_ctx, B, B * K)
         if ph == 0:  # PH_FC
             if EAGLE3:
-                _ph_linear(pid, nprog, feat_ptr, F, n_new, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNP_FC, BK_FC, IEEE)
+                _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNP_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNS_FC, BK_FC, IEEE)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNP_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
-                _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, True, BLOCK_H)
             else:
-                _ph_prep(pid, nprog, K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                _ph_prep(pid, nprog, B * K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, True, BLOCK_H)
         elif ph == 2:  # PH_PREP2 (eagle2)
             if is_ctx:
-                _ph_prep(pid, nprog, n_new, ids_ptr, emb_ptr, feat_ptr, F, fr_src_ptr, hcur_ptr, xin_ptr,
+                _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, feat_ptr, F, fr_src_ptr, hcur_ptr, xin_ptr,
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, False, BLOCK_H)
             else:
-                _ph_prep(pid, nprog, K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
+                _ph_prep(pid, nprog, B * K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, False, BLOCK_H)
         elif ph == 4:  # PH_QKV
             if EAGLE3:
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNP_QKV, BK_QKV, IEEE)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE)
             else:
                 _ph_linear(pid, nprog, hcur_ptr, H, m_in, wq_ptr, NQ, H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNP_QKV, BK_QKV, IEEE)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
-                _ph_rope(pid, nprog, n_new, qkv_ptr, qr_ptr, n_new - 1, ck_ptr, cv_ptr, max_len * HD, c_len,
-                         c_len, 1, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
+                _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
+                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_D, BLOCK_H)
             else:
-                _ph_rope(pid, nprog, K, qkv_ptr, qr_ptr, 0, tk_ptr, tv_ptr, SK * HD, i * K,
-                         L + i, 0, cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
+                _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
+                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
         elif (ph == 6) | (ph == 16):  # PH_ATTN / PH_ATTN2
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)
             if ph == 6:
-                _ph_attn_part(pid, nprog, r_att, qr_ptr, ck_ptr, cv_ptr, max_len * HD, L,
-                              tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
+                _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
+                              tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
                               apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
             else:
-                _ph_attn_part(pid, nprog, r_att, qr_ptr, ck_ptr, cv_ptr, max_len * HD, L,
-                              tk_ptr, tv_ptr, SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
+                _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
+                              tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
                               apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
         elif ph == 17:  # PH_ATTN3
-            _ph_attn_sum(pid, nprog, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH, BLOCK_Q, BLOCK_D, 16)
-        elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn)
-            res_row = tl.where(is_ctx, n_new - 1, 0)
-            _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr + res_row * H, H, fcb_ptr,
-                       wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNP_O, BK_O, IEEE)
+            _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH, BLOCK_Q, BLOCK_D, 16)
+        elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
+            if is_ctx:
+                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
+            else:
+                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNP_GU, BK_GU, IEEE)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                       wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNP_D, BK_D, IEEE)
+                       wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE)
         elif ph == 11:  # PH_NORM_F
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
         elif ph == 12:  # PH_LMHEAD
             if EAGLE3:
-                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE, LM_HALVES)
+                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES)
             else:
-                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, BM, KP, BNP_LM, BK_LM, IEEE, LM_HALVES)
+                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
-            _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
-                      BM, KP, BLOCK_P, DT)
+            _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
+                      KP, BLOCK_P, DT)
         elif ph == 14:  # PH_SELECT
-            if pid == 0:
-                if is_ctx:
-                    _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr,
-                               fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                               True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
-                else:
-                    _ph_select(i, K, KP, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr,
-                               fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                               False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+            if is_ctx:
+                _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                           fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                           True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+            else:
+                _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                           fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                           False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
         elif ph == 15:  # PH_FINAL
-            if pid == 0:
-                _ph_final(C, T, K, tl.minimum(D + 1, T - 1), D + 2, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr,
-                          cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr,
-                          out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
+            _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
+                      row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
+                      out_pos_ptr, out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
             if TIMING:

@@ -65,83 +65,114 @@ class Tuning:
     """Block sizes and launch shape (compile-time constants of the kernel).
 
     Each weight-streaming phase gives every program one slab of ``ceil(N / grid)`` rows (rounded
-    up to 16); its k-chunk is sized so that one pipeline stage holds about ``stage_bytes`` of
-    weights.
+    up to 16), walked in sub-slabs of at most ``acc_elems / BM`` rows (one sub-slab at batch 1);
+    its k-chunk is sized so that one pipeline stage holds about ``stage_bytes`` of weights (and
+    at most that much of the activation tile).
     """
 
-    BM: int = 16  # activation rows per tile (>= 16 for tl.dot)
+    BM: int = 16  # activation rows per tile at batch 1 (>= 16 for tl.dot)
+    bm_max: int = 64  # largest activation tile when batching
+    acc_elems: int = 4096  # fp32 accumulator elements per program per weight matrix (sub-slab rows x BM)
     stage_bytes: int = 32768
+    smem_bytes: int = 225280  # pipeline buffers of one program (H100/H200: 227 KB per block)
     lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
     num_warps: int = 8
     num_stages: int = 3
     BLOCK_NA: int = 32  # context keys per attention block
-    lm_halves: int = 1  # 2: stream each lm_head slab as two half-height tiles per stage
+    lm_halves: int = 1  # 2: stream each lm_head sub-slab as two half-height tiles per stage
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
 
-def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning,
+def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
          stage_bytes: Optional[int] = None) -> tuple[int, int, int]:
-    """(rows per program RP, row block BNP, k-chunk BK) of a weight-streaming phase."""
+    """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase. The
+    k-chunk holds about ``stage_bytes`` of weights per stage, and the weight + activation tiles
+    of all ``num_stages`` stages fit in ``smem_bytes``."""
     per = -(-n_rows // grid)
     rp = max(16, -(-per // 16) * 16)
     bnp = _pow2(rp, 16)
-    bk = (stage_bytes or tn.stage_bytes) // (bnp * elsize * n_mats)
+    cap = max(16, 1 << max(0, (tn.acc_elems // (bm * n_mats)).bit_length() - 1))
+    bns = min(bnp, cap)
+    sb = stage_bytes or tn.stage_bytes
+    bk = min(sb // (bns * elsize * n_mats), tn.smem_bytes // (tn.num_stages * (bns * n_mats + bm) * elsize))
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
-    return rp, bnp, bk
+    return rp, bns, bk
+
+
+@dataclass
+class SeqCall:
+    """One sequence of a (batched) call: its new rows' features [n, F] and token ids [n], its
+    root token [1], its cache (holding ``c`` committed rows; the kernel writes rows [c, c+n))."""
+
+    features: torch.Tensor
+    ids_new: torch.Tensor
+    root: torch.Tensor
+    cache: object
+    c: int
+    n: int
 
 
 class Workspace:
-    """Scratch buffers of one draft call, reused across calls of the same shape."""
+    """Scratch buffers of one draft call, reused across calls: sized for up to ``batch``
+    sequences and ``rows`` packed new rows."""
 
-    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, rows: int, grid: int, bm: int, kp: int):
+    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, batch: int, rows: int, grid: int, kp: int):
         h, k, d = cfg.hidden_size, cfg.top_k, cfg.head_dim
         nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         depth = cfg.depth
-        self.rows, self.grid = rows, grid
+        self.batch, self.rows, self.grid = batch, rows, grid
         self.block_a = _pow2(depth + 1)
         self.sk = max(1, depth * k)
         self.C = k + depth * k * k
+        self.rpw = 1 + depth * k
         self.block_c = _pow2(self.C, 16)
-        mx, kx = max(rows, k), max(k, 1)
+        self.pfw = max(self.block_c, cfg.total_token)
+        tr = batch * k  # tree rows
+        mx = max(rows, tr)
+        self.mr = tr
 
         def e(*shape, dt=dtype):
             return torch.empty(*shape, dtype=dt, device=device)
 
+        self.feat = e(rows, cfg.feature_size if cfg.architecture == "eagle3" else cfg.hidden_size)
+        self.ids = e(rows, dt=torch.int64)
+        self.root = e(batch, dt=torch.int64)
         self.hcur = e(mx, h)
+        self.hres = e(batch, h)
         self.xin = e(mx, 2 * h)
         self.qkv = e(mx, (nh + 2 * nkv) * d)
-        self.qr = e(kx, nh * d)
-        self.ao = e(kx, nh * d)
-        self.h1 = e(kx, h)
-        self.n2 = e(kx, h)
-        self.act = e(kx, cfg.intermediate_size)
-        self.hout = e(kx, h)
-        self.nf = e(kx, h)
-        self.tk = e(nkv, self.sk, d)
-        self.tv = e(nkv, self.sk, d)
-        # attention parts: NCH context chunks + 1 tree part per KV head, each for BLOCK_Q queries
-        self.nch = max(1, grid // nkv - 1)
+        self.qr = e(tr, nh * d)
+        self.ao = e(tr, nh * d)
+        self.h1 = e(tr, h)
+        self.n2 = e(tr, h)
+        self.act = e(tr, cfg.intermediate_size)
+        self.hout = e(tr, h)
+        self.nf = e(tr, h)
+        self.tk = e(nkv, batch * self.sk, d)
+        self.tv = e(nkv, batch * self.sk, d)
+        # attention parts: per (sequence, KV head) NCH context chunks + 1 tree part, each for
+        # BLOCK_Q queries; B*nkv*(NCH+1) <= max(2*B*nkv, grid + nkv) for every B <= batch
         self.block_q = _pow2(k * (nh // nkv), 16)
         self.block_d = _pow2(d, 16)
-        parts = nkv * (self.nch + 1) * self.block_q
+        parts = max(2 * batch * nkv, grid + nkv) * self.block_q
         self.apm = e(parts, dt=torch.float32)
         self.apl = e(parts, dt=torch.float32)
         self.aacc = e(parts, self.block_d, dt=torch.float32)
-        self.lmk = e(grid, bm, kp, dt=torch.int64)
-        self.lmmax = e(grid, bm, dt=torch.float32)
-        self.lmsum = e(grid, bm, dt=torch.float32)
-        self.sel_lp = e(kx, kp, dt=torch.float32)
-        self.sel_tok = e(kx, kp, dt=torch.int64)
-        self.fr_score = e(kx, dt=torch.float32)
-        self.fr_tok = e(kx, dt=torch.int64)
-        self.fr_src = e(kx, dt=torch.int32)
-        self.fr_pick = e(kx, dt=torch.int64)
-        self.anc = torch.zeros(kx, self.block_a, dtype=torch.int32, device=device)
-        self.cand_score = e(self.C, dt=torch.float32)
-        self.cand_tok = e(self.C, dt=torch.int64)
-        self.row_par = e(1 + depth * k, dt=torch.int64)
-        self.cnt = e(self.block_c, dt=torch.int32)
-        self.pf = e(max(self.block_c, cfg.total_token), dt=torch.int32)
+        self.lmk = e(grid, self.mr, kp, dt=torch.int64)
+        self.lmmax = e(grid, self.mr, dt=torch.float32)
+        self.lmsum = e(grid, self.mr, dt=torch.float32)
+        self.sel_lp = e(tr, kp, dt=torch.float32)
+        self.sel_tok = e(tr, kp, dt=torch.int64)
+        self.fr_score = e(tr, dt=torch.float32)
+        self.fr_tok = e(tr, dt=torch.int64)
+        self.fr_src = e(tr, dt=torch.int32)
+        self.fr_pick = e(tr, dt=torch.int64)
+        self.anc = torch.zeros(tr, self.block_a, dtype=torch.int32, device=device)
+        self.cand_score = e(batch, self.C, dt=torch.float32)
+        self.cand_tok = e(batch, self.C, dt=torch.int64)
+        self.row_par = e(batch, self.rpw, dt=torch.int64)
+        self.cnt = e(batch, self.block_c, dt=torch.int32)
+        self.pf = e(batch, self.pfw, dt=torch.int32)
         self.sync = torch.zeros(2, dtype=torch.int32, device=device)
         self.times = torch.zeros(1, dtype=torch.int64, device=device)
 
@@ -162,19 +193,20 @@ class Drafter:
         else:
             self.grid = 2
         self.kp = _pow2(cfg.top_k, 16)
-        self.bm = max(self.tuning.BM, _pow2(cfg.top_k, 16))
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
         sched = build_schedule(cfg.architecture, cfg.depth)
         self.schedule = torch.tensor(sched, dtype=torch.int32, device=device)
         self.n_steps = len(sched)
+        self.batch = 1
 
     # ------------------------------------------------------------------------------------------
-    def workspace(self, rows: int) -> Workspace:
-        if self.ws is None or self.ws.rows < rows:
-            cap = _pow2(max(rows, 16))
-            self.ws = Workspace(self.cfg, self.dtype, self.device, cap, self.grid, self.bm, self.kp)
+    def workspace(self, batch: int, rows: int) -> Workspace:
+        if self.ws is None or self.ws.batch < batch or self.ws.rows < rows:
+            cap_b = max(batch, self.ws.batch if self.ws is not None else 1)
+            cap_r = _pow2(max(rows, 16, self.ws.rows if self.ws is not None else 0))
+            self.ws = Workspace(self.cfg, self.dtype, self.device, cap_b, cap_r, self.grid, self.kp)
         return self.ws
 
     def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,15 +220,64 @@ class Drafter:
             self.cos, self.sin = cos.contiguous(), sin.contiguous()
         return self.cos, self.sin
 
+    def block_rows(self, batch: int) -> int:
+        """Activation rows per tile (BM) for a batch: one tile holds every tree row of the
+        batch up to ``Tuning.bm_max`` (16 at batch 1 with top_k <= 16)."""
+        k = self.cfg.top_k
+        return max(self.tuning.BM, min(self.tuning.bm_max, _pow2(_pow2(batch) * k, 16)))
+
     # ------------------------------------------------------------------------------------------
     def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
             n_new: int, mode: str, step_hook=None, timing: bool = False) -> Workspace:
-        """Run the whole schedule. ``ids_new`` [n] int64 token ids of the new rows; the new rows'
-        K/V are written into cache rows [c_len, c_len + n) (not committed here)."""
+        """One sequence: ``ids_new`` [n] int64 token ids of the new rows; the new rows' K/V are
+        written into cache rows [c_len, c_len + n) (not committed here)."""
+        return self.run_batch(weights, [SeqCall(features, ids_new, root, cache, c_len, n_new)], mode,
+                              step_hook=step_hook, timing=timing)
+
+    def pack(self, seqs: list[SeqCall]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Stage the per-call inputs in the workspace (stable addresses and alignment, so
+        Triton's pointer specialisation never changes between calls) and build the metadata:
+        int64 [B * META_W + N] = per-sequence rows, then each packed row's sequence. The kernel
+        addresses every sequence's cache from one base pointer (the lowest of the caches' K/V
+        storages) plus per-sequence element offsets. Returns (metadata on the device, the kv base
+        tensor, N)."""
+        ws = self.ws
+        el = self.dtype.itemsize
+        tens = [t for s in seqs for t in (s.cache.k[0], s.cache.v[0])]
+        base = min(tens, key=lambda t: t.data_ptr())
+        meta: list[int] = []
+        row_seq: list[int] = []
+        row = 0
+        for b, s in enumerate(seqs):
+            koff, voff = (s.cache.k[0].data_ptr() - base.data_ptr()), (s.cache.v[0].data_ptr() - base.data_ptr())
+            meta += [s.c, s.n, row, koff // el, voff // el, s.cache.k.shape[2], 0, 0]
+            row_seq += [b] * s.n
+            row += s.n
+        if len(seqs) == 1:
+            s = seqs[0]
+            ws.feat[:row].copy_(s.features)
+            ws.ids[:row].copy_(s.ids_new)
+            ws.root[:1].copy_(s.root)
+        else:  # one copy kernel per input kind
+            torch.cat([s.features for s in seqs], out=ws.feat[:row])
+            torch.cat([s.ids_new for s in seqs], out=ws.ids[:row])
+            torch.cat([s.root for s in seqs], out=ws.root[: len(seqs)])
+        host = torch.tensor(meta + row_seq, dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True), base, row
+
+    def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: bool = False) -> Workspace:
+        """Run the whole schedule for B sequences (outputs in ``self.out_*``, [B, ...])."""
         cfg, tn = self.cfg, self.tuning
-        ws = self.workspace(n_new)
-        big_l = c_len + n_new
-        cos, sin = self.rope_tables(big_l + cfg.depth + 1)
+        nb = len(seqs)
+        n_rows = sum(s.n for s in seqs)
+        ws = self.workspace(nb, n_rows)
+        bm = self.block_rows(nb)
+        bb = _pow2(nb)
+        longest = max(s.c + s.n for s in seqs)
+        cos, sin = self.rope_tables(longest + cfg.depth + 1)
+        meta, kv_base, n_rows = self.pack(seqs)
         lw = weights.layers[0]
         eagle3 = cfg.architecture == "eagle3"
         dummy = ws.sync  # stands in for absent optional tensors (never read)
@@ -204,6 +285,8 @@ class Drafter:
         ieee = self.dtype == torch.float32
         if timing and ws.times.numel() < self.n_steps + 1:
             ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
+        nkv_heads = cfg.num_key_value_heads
+        nch = max(1, self.grid // (bb * nkv_heads) - 1)
         args = [
             self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
@@ -213,34 +296,34 @@ class Drafter:
             weights.hidden_norm if weights.hidden_norm is not None else lw.post_attention_layernorm,
             weights.norm if weights.norm is not None else lw.post_attention_layernorm,
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
-            features, ids_new, root, cache.k[0], cache.v[0],
-            ws.hcur, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
+            meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
+            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
             ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, self.out_tok, self.out_par, self.out_score,
             self.out_mask, self.out_pos, self.out_ret, self.out_leaf,
-            n_new, c_len, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
-            cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
-            ws.C, cfg.total_token, cfg.depth, cache.max_length, ws.sk, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
+            nb, n_rows, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
+            cfg.target_vocab_size, cfg.num_attention_heads, nkv_heads, cfg.head_dim, cfg.top_k,
+            ws.C, cfg.total_token, cfg.depth, ws.sk, ws.mr, ws.pfw, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
         ]
         h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
-        nq, nkv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        nq, nkv = cfg.num_attention_heads * cfg.head_dim, nkv_heads * cfg.head_dim
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
-        rp_fc, bnp_fc, bk_fc = slab(h, fc_in, g, el, 1, tn)
-        rp_qkv, bnp_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn)
-        rp_o, bnp_o, bk_o = slab(h, nq, g, el, 1, tn)
-        rp_gu, bnp_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn)
-        rp_d, bnp_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn)
-        rp_lm, bnp_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, tn.lm_stage_bytes)
-        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, ws.nch]
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm)
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm)
+        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm)
+        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm, tn.lm_stage_bytes)
+        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch]
         const = dict(
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
-            BM=self.bm, KP=self.kp,
-            BNP_FC=bnp_fc, BK_FC=bk_fc, BNP_QKV=bnp_qkv, BK_QKV=bk_qkv, BNP_O=bnp_o, BK_O=bk_o,
-            BNP_GU=bnp_gu, BK_GU=bk_gu, BNP_D=bnp_d, BK_D=bk_d, BNP_LM=bnp_lm, BK_LM=bk_lm,
-            LM_HALVES=tn.lm_halves if bnp_lm >= 32 else 1,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(ws.nch + 1),
+            BM=bm, KP=self.kp,
+            BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
+            BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
+            LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + 1),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
@@ -280,16 +363,17 @@ class Drafter:
         """Columns of padded retrieve_indices: D + 2, as pack_tree(max_depth=D+1) gives."""
         return self.cfg.depth + 2
 
-    def alloc_outputs(self) -> None:
-        """Fresh output tensors for one call (they are returned in the Frontier)."""
+    def alloc_outputs(self, batch: int = 1) -> None:
+        """Fresh output tensors for one call of ``batch`` sequences (returned in the Frontiers)."""
         t, dev = self.cfg.total_token, self.device
-        self.out_tok = torch.empty(t, dtype=torch.int64, device=dev)
-        self.out_par = torch.empty(t - 1, dtype=torch.int64, device=dev)
-        self.out_score = torch.empty(t, dtype=torch.float32, device=dev)
-        self.out_mask = torch.empty(t, t, dtype=torch.float32, device=dev)
-        self.out_pos = torch.empty(t, dtype=torch.int64, device=dev)
-        self.out_ret = torch.empty(t, self.ret_width, dtype=torch.int64, device=dev)
-        self.out_leaf = torch.empty(2, dtype=torch.int64, device=dev)  # leaf count, deepest level
+        self.batch = batch
+        self.out_tok = torch.empty(batch, t, dtype=torch.int64, device=dev)
+        self.out_par = torch.empty(batch, t - 1, dtype=torch.int64, device=dev)
+        self.out_score = torch.empty(batch, t, dtype=torch.float32, device=dev)
+        self.out_mask = torch.empty(batch, t, t, dtype=torch.float32, device=dev)
+        self.out_pos = torch.empty(batch, t, dtype=torch.int64, device=dev)
+        self.out_ret = torch.empty(batch, t, self.ret_width, dtype=torch.int64, device=dev)
+        self.out_leaf = torch.empty(batch, 2, dtype=torch.int64, device=dev)  # leaf count, deepest level
 
     def check_error(self) -> None:
         """Raise KernelError when a grid barrier timed out (one host read)."""
@@ -300,4 +384,4 @@ class Drafter:
             )
 
 
-__all__ = ["Drafter", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]
+__all__ = ["Drafter", "SeqCall", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]

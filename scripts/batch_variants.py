@@ -1,0 +1,99 @@
+"""Batched triton drafter on the GPU: kernel-only time per batch size and tuning (CUDA events,
+median), tokens compared across tunings, and an in-kernel per-phase breakdown.
+
+    python3 scripts/batch_variants.py --preset eagle3-llama3.1-8b --depth 7 --batches 1,4,16,64 \
+        --tunings base,bm128,bm128a8k,bm256a16k --breakdown 16
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from frontier.backends.triton import kernels as K_
+from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, floor_bytes, time_calls
+
+TUNINGS = {
+    "base": {},
+    "bm32": dict(bm_max=32),
+    "bm128": dict(bm_max=128),
+    "a8k": dict(acc_elems=8192),
+    "bm128a8k": dict(bm_max=128, acc_elems=8192),
+    "bm128a16k": dict(bm_max=128, acc_elems=16384),
+    "bm256a16k": dict(bm_max=256, acc_elems=16384),
+    "bm256a8k": dict(bm_max=256, acc_elems=8192),
+    "s4": dict(num_stages=4),
+}
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--preset", default="eagle3-llama3.1-8b")
+ap.add_argument("--depth", type=int, default=7)
+ap.add_argument("--batches", default="1,4,16,64")
+ap.add_argument("--tunings", default="base")
+ap.add_argument("--breakdown", type=int, default=0, help="batch size to break down per phase (0: none)")
+ap.add_argument("--reps", type=int, default=20)
+ap.add_argument("--json", default=None)
+a = ap.parse_args()
+dev = torch.device("cuda")
+bw = copy_bandwidth(dev)
+res = {}
+for bsz in [int(x) for x in a.batches.split(",")]:
+    case = BenchCase(preset=a.preset, depth=a.depth, batch=bsz)
+    setup = BatchCallSetup(case, device=dev, dtype=torch.bfloat16)
+    floor = 1e3 * floor_bytes(setup.cfg, setup.weights) / bw
+    ref = None
+    for name in a.tunings.split(","):
+        tn = Tuning(**TUNINGS[name])
+        d = Drafter(setup.cfg, torch.bfloat16, dev, tn)
+
+        def seqs():
+            out = []
+            for slot, c, ids, feats in zip(setup.cache, setup.prefill, setup.ids, setup.features):
+                slot.truncate(c)
+                out.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
+            return out
+
+        def go(timing=False):
+            d.alloc_outputs(bsz)
+            d.run_batch(setup.weights, seqs(), "persistent", timing=timing)
+
+        try:
+            t0 = time.time()
+            go()
+            torch.cuda.synchronize()
+            comp = time.time() - t0
+            d.check_error()
+            ms = time_calls(go, reps=a.reps)
+            toks = d.out_tok.cpu()
+            same = "ref" if ref is None else ("same" if torch.equal(ref, toks) else "DIFF")
+            if ref is None:
+                ref = toks
+            res[f"b{bsz} {name}"] = ms
+            print(f"{a.preset} d{a.depth} batch {bsz:3d} {name:10s}: {ms:7.3f} ms/call  {ms / bsz:7.3f} ms/seq  "
+                  f"{100 * floor / ms:5.1f}% of floor {floor:.3f}  (first call {comp:.1f}s, tokens {same})", flush=True)
+            if a.breakdown == bsz:
+                names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
+                runs = []
+                for _ in range(5):
+                    go(timing=True)
+                    torch.cuda.synchronize()
+                    runs.append(d.step_times_us())
+                med = [statistics.median(x) for x in zip(*runs)]
+                per = {}
+                for code, us in zip(d.schedule.tolist(), med):
+                    ph, i = divmod(code, 256)
+                    key = ("ctx " if i == 255 else "") + names.get(ph, str(ph))
+                    per[key] = per.get(key, 0.0) + us / 1e3
+                tot = sum(per.values())
+                print(f"  breakdown batch {bsz} {name}: total {tot:.3f} ms")
+                for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+                    print(f"    {k:16s} {v:7.3f} {100 * v / tot:5.1f}%")
+        except Exception as exc:  # report and go on with the next variant
+            print(f"batch {bsz} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        del d
+    del setup
+    torch.cuda.empty_cache()
+if a.json:
+    json.dump({"bandwidth": bw, "ms": res}, open(a.json, "w"), indent=1)
