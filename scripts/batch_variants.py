@@ -25,6 +25,22 @@ TUNINGS = {
     "bm256a16k": dict(bm_max=256, acc_elems=16384),
     "bm256a8k": dict(bm_max=256, acc_elems=8192),
     "s4": dict(num_stages=4),
+    "bm256a16kw16": dict(bm_max=256, acc_elems=16384, num_warps=16),
+    "bm256a32kw16": dict(bm_max=256, acc_elems=32768, num_warps=16),
+    "bm256a16kna128": dict(bm_max=256, acc_elems=16384, BLOCK_NA=128),
+    "bm256a16kna64": dict(bm_max=256, acc_elems=16384, BLOCK_NA=64),
+    "na128": dict(BLOCK_NA=128),
+    "wide8": dict(wide_num_warps=8, wide_acc_elems=16384),
+    "wa16k": dict(wide_acc_elems=16384),
+    "wa64k": dict(wide_acc_elems=65536),
+    "narrow": dict(wide_bm=1024, bm_max=64),
+    "ch4": dict(attn_chunks=4),
+    "split_attn": dict(fused_attention=False),
+    "nf128": dict(fused_block_n=128),
+    "nf32": dict(fused_block_n=32),
+    "na64": dict(BLOCK_NA=64),
+    "ch16": dict(attn_chunks=16),
+    "ch8na64": dict(attn_chunks=8, BLOCK_NA=64),
 }
 
 ap = argparse.ArgumentParser()
@@ -35,6 +51,8 @@ ap.add_argument("--tunings", default="base")
 ap.add_argument("--breakdown", type=int, default=0, help="batch size to break down per phase (0: none)")
 ap.add_argument("--reps", type=int, default=20)
 ap.add_argument("--json", default=None)
+ap.add_argument("--identity", action="store_true",
+                help="also draft each sequence alone (same tuning) and count identical trees")
 a = ap.parse_args()
 dev = torch.device("cuda")
 bw = copy_bandwidth(dev)
@@ -73,6 +91,14 @@ for bsz in [int(x) for x in a.batches.split(",")]:
             res[f"b{bsz} {name}"] = ms
             print(f"{a.preset} d{a.depth} batch {bsz:3d} {name:10s}: {ms:7.3f} ms/call  {ms / bsz:7.3f} ms/seq  "
                   f"{100 * floor / ms:5.1f}% of floor {floor:.3f}  (first call {comp:.1f}s, tokens {same})", flush=True)
+            if a.identity and bsz > 1:
+                btok, bpar = d.out_tok.clone(), d.out_par.clone()
+                same_n = 0
+                for b, sq in enumerate(seqs()):
+                    d.alloc_outputs(1)
+                    d.run_batch(setup.weights, [sq], "persistent")
+                    same_n += int(torch.equal(d.out_tok[0], btok[b]) and torch.equal(d.out_par[0], bpar[b]))
+                print(f"  batch {bsz} {name}: {same_n}/{bsz} sequences drafted identically alone (bf16)", flush=True)
             if a.breakdown == bsz:
                 names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
                 runs = []
@@ -87,9 +113,8 @@ for bsz in [int(x) for x in a.batches.split(",")]:
                     key = ("ctx " if i == 255 else "") + names.get(ph, str(ph))
                     per[key] = per.get(key, 0.0) + us / 1e3
                 tot = sum(per.values())
-                print(f"  breakdown batch {bsz} {name}: total {tot:.3f} ms")
-                for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
-                    print(f"    {k:16s} {v:7.3f} {100 * v / tot:5.1f}%")
+                print(f"  breakdown batch {bsz} {name}: total {tot:.3f} ms: " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.01))
         except Exception as exc:  # report and go on with the next variant
             print(f"batch {bsz} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         del d

@@ -317,8 +317,9 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling):
 
 def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     """Small accumulators force every weight phase through several sub-slabs and the 20 tree
-    rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs
-    and the row-tile loops must give the default tuning's result bit for bit."""
+    rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs,
+    the wide lm_head (logits scratch, statistics from there), the split-K reductions and the
+    row-tile loops must give the default tuning's tokens and tree (scores to 1e-5)."""
     from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
     from frontier.cache import DraftCache
 
@@ -326,7 +327,10 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     w = random_weights(cfg, seed=41, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 42, batch=5, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(), Tuning(bm_max=16, acc_elems=256)):
+    wide = Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64)
+    # (the interpreter's 2-program grid makes every batch use the fused attention; the split
+    # attention of small batches on big grids is forced by fused_attention=False)
+    for tn in (Tuning(), Tuning(bm_max=16, acc_elems=256, fused_attention=False), wide):
         d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
         calls = []
         for ids, feats in seqs:
@@ -337,11 +341,24 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
         d.run_batch(w, calls, "steps")
         assert d.block_rows(len(calls)) == (32 if tn.bm_max > 16 else 16)
         outs.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
-    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
-    assert torch.equal(t0, t1) and torch.equal(p0, p1)
-    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
-    for a, b in zip(c0, c1):  # the new rows' K/V reached each cache identically
-        assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+    t0, p0, s0, c0 = outs[0]
+    for n, (t1, p1, s1, c1) in enumerate(outs[1:]):
+        assert torch.equal(t0, t1) and torch.equal(p0, p1)
+        torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
+        for a, b in zip(c0, c1):  # the new rows' K/V reached each cache identically
+            assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+    # the wide launch split K in the tree depths' QKV / o_proj / down (its own schedule)
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import split_slab
+
+    assert split_slab(cfg.hidden_size, cfg.intermediate_size, 2, 4, wide, 16, 256)[0] > 1
+    assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
+
+
+def build_schedule_codes(cfg, split):
+    from frontier.backends.triton.launch import build_schedule
+
+    return build_schedule(cfg.architecture, cfg.depth, split)
 
 
 @pytest.mark.gpu

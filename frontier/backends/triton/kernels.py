@@ -42,6 +42,10 @@ PH_LMHEAD = 12
 PH_MERGE = 13
 PH_SELECT = 14
 PH_FINAL = 15
+PH_RED_QKV = 18  # split-K reductions (wide launches, tree depths)
+PH_RED_O = 19
+PH_RED_D = 20
+PH_ATTN_F = 21  # attention in one phase, one item per (sequence, KV head) (batched launches)
 CTX_DEPTH = 255
 
 # Per-sequence metadata (int64 [B, META_W]): cached rows c_b, new rows n_b, first packed new row,
@@ -151,6 +155,75 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
 
 
 @triton.jit
+def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
+                     QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
+    slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
+    SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
+    Each program writes its fp32 partial ``part[p % SPL, rows, slab]``; ``_ph_reduce`` sums
+    the SPL partials in a fixed order and applies the epilogue."""
+    if QKV:
+        NT = N + 2 * N2
+    else:
+        NT = N
+    nslab = nprog // SPL
+    r = pid // SPL
+    sp = pid - r * SPL
+    if r < nslab:
+        kch = tl.cdiv(tl.cdiv(Kd, SPL), BK) * BK
+        k_lo = sp * kch
+        k_hi = tl.minimum(Kd, k_lo + kch)
+        rk = tl.arange(0, BK)
+        rbm = tl.arange(0, BM)
+        for s0 in range(0, RP, BNS):
+            rp = s0 + tl.arange(0, BNS)
+            rr = r * RP + rp
+            rmask = (rp < RP) & (rr < NT)
+            if QKV:
+                wrow = tl.where(rr < N, w_ptr + rr * Kd,
+                                tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
+            else:
+                wrow = w_ptr + rr * Kd
+            for m0 in range(0, M, BM):
+                rm = m0 + rbm
+                acc = tl.zeros([BNS, BM], dtype=tl.float32)
+                for k0 in range(k_lo, k_hi, BK):
+                    kk = k0 + rk
+                    w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0)
+                    x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None],
+                                mask=(rm[None, :] < M) & (kk[:, None] < k_hi), other=0.0, cache_modifier=".cg")
+                    if IEEE:
+                        acc = tl.dot(w, x, acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(w, x, acc)
+                tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
+                         mask=rmask[:, None] & (rm[None, :] < M))
+
+
+@triton.jit
+def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, res_stride,
+               MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """Y = epilogue(sum over the SPL split-K partials, in order). MODE 0: store; 1: + residual
+    (rounded as ``res + round(sum)``)."""
+    DT = y_ptr.dtype.element_ty
+    nblk = tl.cdiv(NT, BLOCK)
+    rc = tl.arange(0, BLOCK)
+    for t in range(pid, M * nblk, nprog):
+        m = t // nblk
+        c = (t - m * nblk) * BLOCK + rc
+        cm = c < NT
+        acc = tl.zeros([BLOCK], tl.float32)
+        for sp in range(SPL):
+            acc += tl.load(part_ptr + (sp * MR + m) * NT + c, mask=cm, other=0.0, cache_modifier=".cg")
+        if MODE == 1:
+            res = tl.load(res_ptr + m * res_stride + c, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)
+            out = (acc.to(DT).to(tl.float32) + res).to(DT)
+        else:
+            out = acc.to(DT)
+        tl.store(y_ptr + m * y_stride + c, out, mask=cm)
+
+
+@triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
@@ -231,85 +304,78 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
-def _rotary(base, pos, cos_ptr, sin_ptr, HD, DT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One head row of q or k at ``base`` rotated to position ``pos``, rounded like the
-    reference: ``round(round(x*cos) + round(rotate_half(x)*sin))``."""
+def _rotary_heads(row_ptr, pos, cos_ptr, sin_ptr, NR, HD, DT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The NR head rows [NR, HD] at ``row_ptr`` (one token's q and k heads, contiguous) rotated
+    to position ``pos``, rounded like the reference: ``round(round(x*cos) + round(rotate_half(x)*sin))``."""
     half = HD // 2
-    rd = tl.arange(0, BLOCK_D)
-    dm = rd < HD
+    rh = tl.arange(0, BLOCK_R)[:, None]
+    rd = tl.arange(0, BLOCK_D)[None, :]
+    m = (rh < NR) & (rd < HD)
     rot = tl.where(rd < half, rd + half, rd - half)
     sign = tl.where(rd < half, -1.0, 1.0)
-    c = tl.load(cos_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + pos * HD + rd, mask=dm, other=0.0).to(tl.float32)
-    x = tl.load(base + rd, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
-    xr = tl.load(base + rot, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
+    c = tl.load(cos_ptr + pos * HD + rd, mask=rd < HD, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HD + rd, mask=rd < HD, other=0.0).to(tl.float32)
+    x = tl.load(row_ptr + rh * HD + rd, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    xr = tl.load(row_ptr + rh * HD + rot, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
     return ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
 
 
 @triton.jit
 def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
-                 cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Context step, the N packed new rows of all sequences. Row m belongs to sequence b =
-    row_seq[m] at context position c_b + j: its rotated k and its v go to cache b's row c_b + j
-    (the cache's own base offset and length from the metadata); the q of each sequence's last
-    new row goes to qr[b], and that row's hidden state (the attention residual) to hres[b]."""
+                 cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_H: tl.constexpr):
+    """Context step, the N packed new rows of all sequences, one row (all heads) per item. Row m
+    belongs to sequence b = row_seq[m] at context position c_b + j: its rotated k heads and its
+    v heads go to cache b's row c_b + j (the cache's own base offset and length from the
+    metadata); the q of each sequence's last new row goes to qr[b], and that row's hidden state
+    (the attention residual) to hres[b]."""
     DT = qr_ptr.dtype.element_ty
-    rd = tl.arange(0, BLOCK_D)
-    dm = rd < HD
+    rh = tl.arange(0, BLOCK_R)[:, None]
+    rd = tl.arange(0, BLOCK_D)[None, :]
     width = (NH + 2 * NKV) * HD
-    heads = NH + NKV
-    for t in range(pid, N * heads, nprog):
-        m = t // heads
-        hh = t - m * heads
+    for m in range(pid, N, nprog):
         b = tl.load(row_seq_ptr + m)
         mb = meta_ptr + b * META_W
         c_b = tl.load(mb + META_C)
-        n_b = tl.load(mb + META_N)
         j = m - tl.load(mb + META_ROW)
-        base = qkv_ptr + m * width + hh * HD
-        y = _rotary(base, c_b + j, cos_ptr, sin_ptr, HD, DT, BLOCK_D)
-        last = j == n_b - 1
-        if hh < NH:
-            if last:
-                tl.store(qr_ptr + b * NH * HD + hh * HD + rd, y, mask=dm)
-        else:
-            g = hh - NH
-            row = g * tl.load(mb + META_MAXLEN) * HD + (c_b + j) * HD
-            tl.store(kv_ptr + tl.load(mb + META_KOFF) + row + rd, y, mask=dm)
-            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0, cache_modifier=".cg")
-            tl.store(kv_ptr + tl.load(mb + META_VOFF) + row + rd, v, mask=dm)
-        if (hh == 0) & last:
-            rh = tl.arange(0, BLOCK_H)
-            hrow = tl.load(hcur_ptr + m * H + rh, mask=rh < H, other=0.0, cache_modifier=".cg")
-            tl.store(hres_ptr + b * H + rh, hrow, mask=rh < H)
+        row = qkv_ptr + m * width
+        y = _rotary_heads(row, c_b + j, cos_ptr, sin_ptr, NH + NKV, HD, DT, BLOCK_R, BLOCK_D)  # [q heads; k heads]
+        kvrow = (c_b + j) * HD + (rh - NH) * tl.load(mb + META_MAXLEN) * HD + rd
+        kmask = (rh >= NH) & (rh < NH + NKV) & (rd < HD)
+        tl.store(kv_ptr + tl.load(mb + META_KOFF) + kvrow, y, mask=kmask)
+        v = tl.load(row + (rh + NKV) * HD + rd, mask=kmask, other=0.0, cache_modifier=".cg")
+        tl.store(kv_ptr + tl.load(mb + META_VOFF) + kvrow, v, mask=kmask)
+        if j == tl.load(mb + META_N) - 1:
+            tl.store(qr_ptr + b * NH * HD + rh * HD + rd, y, mask=(rh < NH) & (rd < HD))
+            rhh = tl.arange(0, BLOCK_H)
+            hrow = tl.load(hcur_ptr + m * H + rhh, mask=rhh < H, other=0.0, cache_modifier=".cg")
+            tl.store(hres_ptr + b * H + rhh, hrow, mask=rhh < H)
 
 
 @triton.jit
 def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, t_head_stride, SK,
-                  cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D: tl.constexpr):
-    """Depth i, the M = B*K frontier rows: row r = b*K + j sits at position L_b + i; q goes to
-    qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree scratch."""
+                  cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Depth i, the M = B*K frontier rows, one row (all heads) per item: row r = b*K + j sits at
+    position L_b + i; q goes to qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree
+    scratch."""
     DT = qr_ptr.dtype.element_ty
-    rd = tl.arange(0, BLOCK_D)
-    dm = rd < HD
+    rh = tl.arange(0, BLOCK_R)[:, None]
+    rd = tl.arange(0, BLOCK_D)[None, :]
     width = (NH + 2 * NKV) * HD
-    heads = NH + NKV
-    for t in range(pid, M * heads, nprog):
-        r = t // heads
-        hh = t - r * heads
+    for r in range(pid, M, nprog):
         b = r // K
         mb = meta_ptr + b * META_W
         pos = tl.load(mb + META_C) + tl.load(mb + META_N) + i
-        base = qkv_ptr + r * width + hh * HD
-        y = _rotary(base, pos, cos_ptr, sin_ptr, HD, DT, BLOCK_D)
-        if hh < NH:
-            tl.store(qr_ptr + r * NH * HD + hh * HD + rd, y, mask=dm)
-        else:
-            g = hh - NH
-            slot = b * SK + i * K + (r - b * K)
-            tl.store(tk_ptr + g * t_head_stride + slot * HD + rd, y, mask=dm)
-            v = tl.load(base + NKV * HD + rd, mask=dm, other=0.0, cache_modifier=".cg")
-            tl.store(tv_ptr + g * t_head_stride + slot * HD + rd, v, mask=dm)
+        row = qkv_ptr + r * width
+        y = _rotary_heads(row, pos, cos_ptr, sin_ptr, NH + NKV, HD, DT, BLOCK_R, BLOCK_D)
+        tl.store(qr_ptr + r * NH * HD + rh * HD + rd, y, mask=(rh < NH) & (rd < HD))
+        slot = b * SK + i * K + (r - b * K)
+        kmask = (rh >= NH) & (rh < NH + NKV) & (rd < HD)
+        toff = (rh - NH) * t_head_stride + slot * HD + rd
+        tl.store(tk_ptr + toff, y, mask=kmask)
+        v = tl.load(row + (rh + NKV) * HD + rd, mask=kmask, other=0.0, cache_modifier=".cg")
+        tl.store(tv_ptr + toff, v, mask=kmask)
 
 
 @triton.jit
@@ -434,6 +500,68 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
 
 
 @triton.jit
+def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride,
+                   n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
+                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Attention in one phase (batched launches, where B*NKV items already fill the grid): item
+    (sequence b, KV head g) walks its whole context twice - max and sum of exp, then the
+    probabilities rounded to the compute dtype times V - plus the rows' ancestor slots, and
+    writes the attention output rows itself (no partials, no extra barriers)."""
+    DT = qr_ptr.dtype.element_ty
+    G = NH // NKV
+    rq = tl.arange(0, BLOCK_Q)
+    r_of = rq // G
+    hl = rq - r_of * G
+    qmask = r_of < R
+    rd = tl.arange(0, BLOCK_D)
+    dm = rd < HD
+    for bg in range(pid, B * NKV, nprog):
+        b = bg // NKV
+        g = bg - b * NKV
+        mb = meta_ptr + b * META_W
+        nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
+        c_head_stride = tl.load(mb + META_MAXLEN) * HD
+        ck_ptr = kv_ptr + tl.load(mb + META_KOFF)
+        cv_ptr = kv_ptr + tl.load(mb + META_VOFF)
+        anc_b = anc_ptr + b * R * anc_stride
+        qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
+        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
+                    cache_modifier=".cg")
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        for j0 in range(0, nctx, BLOCK_N):
+            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
+            m_i = m_new
+        for a in range(n_anc):
+            sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT,
+                                    BLOCK_D)
+            m_new = tl.maximum(m_i, sa)
+            l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
+            m_i = m_new
+        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+        for j0 in range(0, nctx, BLOCK_N):
+            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+            p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
+            v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
+                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
+            if IEEE:
+                acc = tl.dot(p, v, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p, v, acc)
+        for a in range(n_anc):
+            sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT,
+                                    BLOCK_D)
+            pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+            vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                         mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+            acc += pa[:, None] * vt
+        tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
+
+
+@triton.jit
 def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
                  BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, SUB_Q: tl.constexpr):
     """Attention output: the sum over parts of the per-part P@V (fp32), rounded to the dtype."""
@@ -547,6 +675,60 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             tl.store(mslot + rm, nmax, mask=rmask)
             tl.store(sslot + rm, nsum, mask=rmask)
             tl.debug_barrier()
+
+
+@triton.jit
+def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR,
+                    BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                    BMK: tl.constexpr, BNP: tl.constexpr):
+    """lm_head for many activation rows (batches): the same per-program partials as
+    ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
+    rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
+    tiles of BMK rows x the whole slab. The GEMM can then use wide accumulators (few x re-reads)
+    without also holding a 64-bit key per logit in registers. Only this program reads back what
+    it wrote (the block barrier orders it), and the scratch rows stay in L2."""
+    DT = x_ptr.dtype.element_ty
+    rk = tl.arange(0, BK)
+    rbm = tl.arange(0, BM)
+    for s0 in range(0, RP, BNS):
+        rp = s0 + tl.arange(0, BNS)
+        rr = pid * RP + rp
+        rmask = (rp < RP) & (rr < V)
+        for m0 in range(0, M, BM):
+            rm = m0 + rbm
+            acc = tl.zeros([BNS, BM], dtype=tl.float32)
+            for k0 in range(0, Kd, BK):
+                kk = k0 + rk
+                w = tl.load(w_ptr + rr[:, None] * Kd + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
+                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
+                            other=0.0, cache_modifier=".cg")
+                if IEEE:
+                    acc = tl.dot(w, x, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(w, x, acc)
+            tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+    tl.debug_barrier()
+    rc = tl.arange(0, BNP)
+    cols = pid * RP + rc
+    cm = (rc < RP) & (cols < V)
+    col = tl.arange(0, KP)[None, :]
+    for m0 in range(0, M, BMK):
+        rm = m0 + tl.arange(0, BMK)
+        valid = (rm < M)[:, None] & cm[None, :]
+        logit = tl.load(logit_ptr + rm[:, None] * V + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
+        keys = tl.where(valid, _key(logit, cols[None, :]), KEY_NONE)
+        rmax = tl.max(logit, axis=1)
+        safe = tl.where(rmax == float("-inf"), 0.0, rmax)
+        rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
+        top = tl.full([BMK, KP], KEY_NONE, tl.int64)
+        for j in tl.static_range(KP):
+            best = tl.max(keys, axis=1)
+            top = tl.where(col == j, best[:, None], top)
+            keys = tl.where(keys == best[:, None], KEY_NONE, keys)
+        rows_ok = rm < MR
+        tl.store(keys_ptr + pid * MR * KP + rm[:, None] * KP + col, top, mask=rows_ok[:, None])
+        tl.store(max_ptr + pid * MR + rm, rmax, mask=rows_ok)
+        tl.store(sum_ptr + pid * MR + rm, rsum, mask=rows_ok)
 
 
 @triton.jit
@@ -778,21 +960,23 @@ def drafter_kernel(
     meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
     hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
-    tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
+    tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, lml_ptr, part_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
     B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
-    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
     BNS_FC: tl.constexpr, BK_FC: tl.constexpr, BNS_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNS_O: tl.constexpr, BK_O: tl.constexpr, BNS_GU: tl.constexpr, BK_GU: tl.constexpr,
-    BNS_D: tl.constexpr, BK_D: tl.constexpr, BNS_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr,
+    BNS_D: tl.constexpr, BK_D: tl.constexpr, BNS_LM: tl.constexpr, BK_LM: tl.constexpr, LM_HALVES: tl.constexpr, LM_WIDE: tl.constexpr, BNP_LM: tl.constexpr,
+    SPLITK: tl.constexpr, BNSS_QKV: tl.constexpr, BKS_QKV: tl.constexpr, BNSS_O: tl.constexpr, BKS_O: tl.constexpr,
+    BNSS_D: tl.constexpr, BKS_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
@@ -844,18 +1028,27 @@ def drafter_kernel(
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, False, BLOCK_H)
         elif ph == 4:  # PH_QKV
             if EAGLE3:
-                _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE)
+                x_a = xin_ptr
+                k_a = 2 * H
             else:
-                _ph_linear(pid, nprog, hcur_ptr, H, m_in, wq_ptr, NQ, H, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
+                x_a = hcur_ptr
+                k_a = H
+            split = False
+            if SPLITK:
+                split = i != 255
+            if split:
+                _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE)
+            else:
+                _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
                            fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
-                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_D, BLOCK_H)
+                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
-                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_D)
+                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D)
         elif (ph == 6) | (ph == 16):  # PH_ATTN / PH_ATTN2
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)
@@ -867,12 +1060,19 @@ def drafter_kernel(
                 _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
                               tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
                               apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
+        elif ph == 21:  # PH_ATTN_F
+            _ph_attn_fused(pid, nprog, B, tl.where(is_ctx, 1, K), meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, B * SK * HD,
+                           anc_ptr, BLOCK_A, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
+                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE)
         elif ph == 17:  # PH_ATTN3
             _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH, BLOCK_Q, BLOCK_D, 16)
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
+            elif SPLITK:
+                _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
+                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
@@ -881,16 +1081,34 @@ def drafter_kernel(
         elif ph == 9:  # PH_GATEUP
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
-            _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                       wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE)
+            split = False
+            if SPLITK:
+                split = i != 255
+            if split:
+                _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
+                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE)
+            else:
+                _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE)
+        elif ph == 18:  # PH_RED_QKV
+            _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
+                       0, 1024)
+        elif ph == 19:  # PH_RED_O: h1 = h + sum
+            _ph_reduce(pid, nprog, part_ptr, SPL_O, m_out, H, MR, h1_ptr, H, hcur_ptr, H, 1, 1024)
+        elif ph == 20:  # PH_RED_D: h2 = h1 + sum
+            _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
         elif ph == 11:  # PH_NORM_F
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
         elif ph == 12:  # PH_LMHEAD
             if EAGLE3:
-                _ph_lmhead(pid, nprog, nf_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES)
+                x_lm = nf_ptr
             else:
-                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
+                x_lm = hout_ptr
+            if LM_WIDE:
+                _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
+                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM)
+            else:
+                _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,

@@ -15,6 +15,7 @@ grid barrier between entries; ``mode="steps"`` launches one entry at a time on t
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -43,8 +44,10 @@ def num_sms(device: torch.device) -> int:
     return _GRID_CACHE[idx]
 
 
-def build_schedule(architecture: str, depth: int) -> list[int]:
-    """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step)."""
+def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False) -> list[int]:
+    """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step). ``split_k`` (wide
+    launches) adds the reductions of the tree depths' split-K QKV, o_proj and down;
+    ``fused_attention`` (batched launches) runs attention as one phase instead of three."""
     if architecture == "eagle3":
         ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
         tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
@@ -53,9 +56,16 @@ def build_schedule(architecture: str, depth: int) -> list[int]:
         ctx_head = tree_head = [K_.PH_PREP2, K_.PH_FC]
         tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
                 K_.PH_GATEUP, K_.PH_DOWN, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_SELECT]
+    if fused_attention:
+        at = tail.index(K_.PH_ATTN)
+        tail = tail[:at] + [K_.PH_ATTN_F] + tail[at + 3:]
+    tree_tail = list(tail)
+    if split_k:
+        for ph, red in ((K_.PH_QKV, K_.PH_RED_QKV), (K_.PH_OPROJ, K_.PH_RED_O), (K_.PH_DOWN, K_.PH_RED_D)):
+            tree_tail.insert(tree_tail.index(ph) + 1, red)
     sched = [p * 256 + K_.CTX_DEPTH for p in ctx_head + tail]
     for i in range(depth):
-        sched += [p * 256 + i for p in tree_head + tail]
+        sched += [p * 256 + i for p in tree_head + tree_tail]
     sched.append(K_.PH_FINAL * 256)
     return sched
 
@@ -71,32 +81,52 @@ class Tuning:
     """
 
     BM: int = 16  # activation rows per tile at batch 1 (>= 16 for tl.dot)
-    bm_max: int = 64  # largest activation tile when batching
+    bm_max: int = 256  # largest activation tile when batching
     acc_elems: int = 4096  # fp32 accumulator elements per program per weight matrix (sub-slab rows x BM)
+    # wide tiles (BM >= wide_bm, i.e. big batches): larger accumulators over more warps, and the
+    # lm_head's statistics taken from a logits scratch instead of registers
+    wide_bm: int = 128
+    wide_acc_elems: int = 32768
+    wide_num_warps: int = 16
+    split_rows: int = 128  # wide launches split K in QKV / o_proj / down until slabs hold ~this many rows
     stage_bytes: int = 32768
     smem_bytes: int = 225280  # pipeline buffers of one program (H100/H200: 227 KB per block)
     lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
     num_warps: int = 8
     num_stages: int = 3
     BLOCK_NA: int = 32  # context keys per attention block
+    attn_chunks: int = 4  # least context chunks per (sequence, KV head) when batching (split attention)
+    fused_attention: bool = True  # big batches: attention as one phase per (sequence, KV head)
+    fused_block_n: int = 64  # context keys per block of the fused attention
     lm_halves: int = 1  # 2: stream each lm_head sub-slab as two half-height tiles per stage
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
-         stage_bytes: Optional[int] = None) -> tuple[int, int, int]:
+         stage_bytes: Optional[int] = None, acc_elems: Optional[int] = None) -> tuple[int, int, int]:
     """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase. The
     k-chunk holds about ``stage_bytes`` of weights per stage, and the weight + activation tiles
     of all ``num_stages`` stages fit in ``smem_bytes``."""
     per = -(-n_rows // grid)
     rp = max(16, -(-per // 16) * 16)
     bnp = _pow2(rp, 16)
-    cap = max(16, 1 << max(0, (tn.acc_elems // (bm * n_mats)).bit_length() - 1))
+    cap = max(16, 1 << max(0, ((acc_elems or tn.acc_elems) // (bm * n_mats)).bit_length() - 1))
     bns = min(bnp, cap)
     sb = stage_bytes or tn.stage_bytes
     bk = min(sb // (bns * elsize * n_mats), tn.smem_bytes // (tn.num_stages * (bns * n_mats + bm) * elsize))
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
     return rp, bns, bk
+
+
+def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int, acc: int) -> tuple[int, int, int, int]:
+    """(split factor S, rows per slab RP, sub-slab rows BNS, k-chunk BK) of a split-K phase:
+    grid // S slabs of about ``tn.split_rows`` rows, each streamed as S k-ranges."""
+    spl = 1
+    while spl < 8 and 2 * spl <= grid and n_rows * 2 * spl <= tn.split_rows * grid:
+        spl *= 2
+    nslab = grid // spl
+    rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc)
+    return spl, rp, bns, bk
 
 
 @dataclass
@@ -116,7 +146,8 @@ class Workspace:
     """Scratch buffers of one draft call, reused across calls: sized for up to ``batch``
     sequences and ``rows`` packed new rows."""
 
-    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, batch: int, rows: int, grid: int, kp: int):
+    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, batch: int, rows: int, grid: int, kp: int,
+                 attn_chunks: int = 1):
         h, k, d = cfg.hidden_size, cfg.top_k, cfg.head_dim
         nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         depth = cfg.depth
@@ -151,16 +182,18 @@ class Workspace:
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
         # attention parts: per (sequence, KV head) NCH context chunks + 1 tree part, each for
-        # BLOCK_Q queries; B*nkv*(NCH+1) <= max(2*B*nkv, grid + nkv) for every B <= batch
+        # BLOCK_Q queries; B*nkv*(NCH+1) <= max((chunks+1)*B*nkv, grid + nkv) for every B <= batch
         self.block_q = _pow2(k * (nh // nkv), 16)
         self.block_d = _pow2(d, 16)
-        parts = max(2 * batch * nkv, grid + nkv) * self.block_q
+        parts = max((max(1, attn_chunks) + 1) * batch * nkv, grid + nkv) * self.block_q
         self.apm = e(parts, dt=torch.float32)
         self.apl = e(parts, dt=torch.float32)
         self.aacc = e(parts, self.block_d, dt=torch.float32)
         self.lmk = e(grid, self.mr, kp, dt=torch.int64)
         self.lmmax = e(grid, self.mr, dt=torch.float32)
         self.lmsum = e(grid, self.mr, dt=torch.float32)
+        self.lml: Optional[torch.Tensor] = None  # lm_head logits scratch [mr, V] of wide launches (lazy)
+        self.part: Optional[torch.Tensor] = None  # split-K partials [S, mr, N] fp32 of wide launches (lazy)
         self.sel_lp = e(tr, kp, dt=torch.float32)
         self.sel_tok = e(tr, kp, dt=torch.int64)
         self.fr_score = e(tr, dt=torch.float32)
@@ -183,6 +216,9 @@ class Workspace:
 class Drafter:
     """Launch state for one (config, dtype, device): workspace, rotary tables, schedule."""
 
+    # position of the split-K scratch in the kernel's argument list
+    _PART_ARG = list(inspect.signature(K_.drafter_kernel.fn).parameters).index("part_ptr")
+
     def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None):
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.tuning = tuning or Tuning()
@@ -196,9 +232,13 @@ class Drafter:
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
-        sched = build_schedule(cfg.architecture, cfg.depth)
-        self.schedule = torch.tensor(sched, dtype=torch.int32, device=device)
-        self.n_steps = len(sched)
+        self.schedules = {
+            (split, fused): torch.tensor(build_schedule(cfg.architecture, cfg.depth, split, fused), dtype=torch.int32,
+                                         device=device)
+            for split in (False, True) for fused in (False, True)
+        }
+        self.schedule = self.schedules[False, False]  # the schedule of the last launch
+        self.n_steps = len(self.schedule)
         self.batch = 1
 
     # ------------------------------------------------------------------------------------------
@@ -206,7 +246,8 @@ class Drafter:
         if self.ws is None or self.ws.batch < batch or self.ws.rows < rows:
             cap_b = max(batch, self.ws.batch if self.ws is not None else 1)
             cap_r = _pow2(max(rows, 16, self.ws.rows if self.ws is not None else 0))
-            self.ws = Workspace(self.cfg, self.dtype, self.device, cap_b, cap_r, self.grid, self.kp)
+            self.ws = Workspace(self.cfg, self.dtype, self.device, cap_b, cap_r, self.grid, self.kp,
+                                self.tuning.attn_chunks)
         return self.ws
 
     def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,6 +315,13 @@ class Drafter:
         n_rows = sum(s.n for s in seqs)
         ws = self.workspace(nb, n_rows)
         bm = self.block_rows(nb)
+        wide = bm >= tn.wide_bm
+        # one attention item per (sequence, KV head) once those items fill half the grid
+        fused = tn.fused_attention and nb > 1 and 2 * _pow2(nb) * cfg.num_key_value_heads >= self.grid
+        self.schedule = self.schedules[wide, fused]
+        self.n_steps = len(self.schedule)
+        if wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
+            ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
         bb = _pow2(nb)
         longest = max(s.c + s.n for s in seqs)
         cos, sin = self.rope_tables(longest + cfg.depth + 1)
@@ -286,7 +334,9 @@ class Drafter:
         if timing and ws.times.numel() < self.n_steps + 1:
             ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
         nkv_heads = cfg.num_key_value_heads
-        nch = max(1, self.grid // (bb * nkv_heads) - 1)
+        # context chunks per (sequence, KV head): enough items for every program at batch 1; when
+        # batching, at least ``attn_chunks`` so the context work spreads evenly over the grid
+        nch = max(1, self.grid // (bb * nkv_heads) - 1, tn.attn_chunks if nb > 1 else 1)
         args = [
             self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
@@ -298,7 +348,8 @@ class Drafter:
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
             ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
-            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.sel_lp, ws.sel_tok,
+            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if wide else dummy,
+            None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
             ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, self.out_tok, self.out_par, self.out_score,
             self.out_mask, self.out_pos, self.out_ret, self.out_leaf,
@@ -310,24 +361,34 @@ class Drafter:
         nq, nkv = cfg.num_attention_heads * cfg.head_dim, nkv_heads * cfg.head_dim
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
-        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm)
-        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm)
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm)
-        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm)
-        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm, tn.lm_stage_bytes)
-        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch]
+        acc = tn.wide_acc_elems if wide else tn.acc_elems
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm, acc_elems=acc)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm, acc_elems=acc)
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm, acc_elems=acc)
+        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm, acc_elems=acc)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm, acc_elems=acc)
+        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm, tn.lm_stage_bytes, acc_elems=acc)
+        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm, acc)
+        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm, acc)
+        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm, acc)
+        if wide:
+            need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
+            if ws.part is None or ws.part.numel() < need:
+                ws.part = torch.empty(need, dtype=torch.float32, device=self.device)
+        args[self._PART_ARG] = ws.part if wide else dummy
+        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d]
         const = dict(
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
             BM=bm, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
-            LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + 1),
-            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
+            LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
+            SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + 1),
+            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
-            num_warps=tn.num_warps, num_stages=tn.num_stages,
+            num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
         )
         grid = (self.grid,)
         if mode == "persistent":
