@@ -322,7 +322,7 @@ class BatchCallSetup:
 
 
 def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.dtype, bandwidth: float,
-             reps: int = 50, kernel_only: bool = True) -> BenchRow:
+             reps: int = 50, kernel_only: bool = True, graph: bool = False) -> BenchRow:
     make = CallSetup if case.batch == 1 else BatchCallSetup  # batch 1 stays the single-sequence call
     setup = make(case, device=device, dtype=dtype)
     fb = floor_bytes(setup.cfg, setup.weights)
@@ -333,6 +333,8 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     for name in backends:
         warmup, r = timing_reps(name, case.batch, reps)
         row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
+        if name == "triton" and graph:  # the measured alternative: step launches replayed as a CUDA graph
+            row.results["triton graph"] = time_calls(lambda: setup.call(name, mode="graph"), warmup=warmup, reps=r)
         if name == "triton" and kernel_only:
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
     del setup
@@ -449,7 +451,7 @@ def check_batches(batches: Any) -> list[int]:
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
               breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None,
-              ragged: bool = False) -> str:
+              ragged: bool = False, graph: bool = False) -> str:
     """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head; each
     preset and depth is timed at every batch size of ``batches`` (default [1]); ``ragged``
     spreads the contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
@@ -468,7 +470,8 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
             for batch in batches:
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
                                  batch=batch, ragged=ragged)
-                rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps))
+                rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps,
+                                     graph=graph))
             if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
                 breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)

@@ -373,3 +373,36 @@ def test_gpu_batch_matches_torch_ref(arch, mode):
     w = random_weights(cfg, seed=51, device="cuda", lm_head_scale=6.0)
     seqs, g = _ragged(cfg, 52, batch=7, lo=20, hi=70)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="interpreter-only rule")
+def test_graph_mode_needs_cuda():
+    cfg = random_config()
+    w = random_weights(cfg, seed=1)
+    ids, feats = random_inputs(cfg, context=4, seed=2)
+    with pytest.raises(InputError, match="graph"):
+        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, mode="graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_graph_mode_matches_persistent(arch):
+    """mode='graph' replays the step launches as a CUDA graph: the same trees as the persistent
+    launch over call sequences (new shapes capture new graphs, repeated shapes replay), single
+    sequences and a batch, and returned tensors are not overwritten by the next call."""
+    over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
+                vocab_size=1000, total_token=60, depth=5, top_k=10)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 3000
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=61, device="cuda", lm_head_scale=6.0)
+    ids, feats = random_inputs(cfg, context=70, seed=62)
+    chunks = [64, 3, 1, 1, 1]  # the repeated 1-row calls replay one graph
+    per = _sequence(cfg, w, ids, feats, "triton", chunks, False, device="cuda", mode="persistent")
+    gra = _sequence(cfg, w, ids, feats, "triton", chunks, False, device="cuda", mode="graph")
+    _assert_same(per, gra, cfg)
+    first = gra[-1].draft_tokens.clone()
+    _sequence(cfg, w, ids, feats, "triton", chunks, False, device="cuda", mode="graph")
+    assert torch.equal(gra[-1].draft_tokens, first)  # an earlier result is not a view of the graph's buffers
+    seqs, g = _ragged(cfg, 63, batch=5, lo=20, hi=60)
+    _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, mode="graph")

@@ -28,6 +28,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "at batch B)")
     p.add_argument("--context", type=int, default=512, help="context length L (default 512)")
     p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
+    p.add_argument("--graph", action="store_true",
+                   help="also time triton's mode='graph' (its step launches replayed as a CUDA graph)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
     p.add_argument("--json", type=str, default=None, help="write the results as JSON to this path")
     p.add_argument("--head", type=str, default=None, help="time a local EAGLE head directory instead of the presets")
@@ -76,6 +78,6 @@ def run(args) -> int:
         raise InputError("--target goes with --head")
     text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
                      json_path=args.json, batches=batches, breakdown=args.breakdown, context=args.context,
-                     new_rows=args.new_rows, head=head, ragged=args.ragged)
+                     new_rows=args.new_rows, head=head, ragged=args.ragged, graph=args.graph)
     print(text)
     return 0

@@ -90,10 +90,12 @@ class TritonBackend(Backend):
         mode = request.options.get("mode")
         if mode is None:
             mode = "steps" if (interpreting() or request.device.type != "cuda") else "persistent"
-        if mode not in ("persistent", "steps"):
-            raise InputError(f"option mode must be 'persistent' or 'steps', got {mode!r}")
+        if mode not in ("persistent", "steps", "graph"):
+            raise InputError(f"option mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         if mode == "persistent" and interpreting():
             raise InputError("option mode='persistent' cannot run under TRITON_INTERPRET=1 (its grid barrier would spin)")
+        if mode == "graph" and (interpreting() or request.device.type != "cuda"):
+            raise InputError("option mode='graph' (the step launches replayed as a CUDA graph) needs a CUDA device")
         return mode
 
     def generate_batch(self, requests) -> list[Frontier]:
@@ -129,6 +131,7 @@ class TritonBackend(Backend):
             leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
             if mode == "persistent":
                 d.check_error()  # one host read, after the packing work is queued behind the kernel
+            parents = torch.cat([d.out_par.new_zeros(len(requests), 1), d.out_par], dim=1)  # one op for the batch
             results = []
             for b, r in enumerate(requests):
                 out_tok, out_par, out_score = d.out_tok[b], d.out_par[b], d.out_score[b]
@@ -149,7 +152,7 @@ class TritonBackend(Backend):
                     tree_position_ids=pos,
                     cache=caches[b],
                     scores=out_score,
-                    parents=torch.cat([out_par.new_zeros(1), out_par]),
+                    parents=parents[b],
                     leaf_count=leaf_count,
                     padded=r.padded,
                 ))

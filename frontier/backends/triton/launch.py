@@ -194,6 +194,7 @@ class Workspace:
         self.lmsum = e(grid, self.mr, dt=torch.float32)
         self.lml: Optional[torch.Tensor] = None  # lm_head logits scratch [mr, V] of wide launches (lazy)
         self.part: Optional[torch.Tensor] = None  # split-K partials [S, mr, N] fp32 of wide launches (lazy)
+        self.meta: Optional[torch.Tensor] = None  # the per-call metadata (device copy, reused)
         self.sel_lp = e(tr, kp, dt=torch.float32)
         self.sel_tok = e(tr, kp, dt=torch.int64)
         self.fr_score = e(tr, dt=torch.float32)
@@ -240,6 +241,8 @@ class Drafter:
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
         self.n_steps = len(self.schedule)
         self.batch = 1
+        self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
+        self._graph_outs: dict = {}
 
     # ------------------------------------------------------------------------------------------
     def workspace(self, batch: int, rows: int) -> Workspace:
@@ -306,7 +309,11 @@ class Drafter:
         host = torch.tensor(meta + row_seq, dtype=torch.int64)
         if self.device.type == "cuda":
             host = host.pin_memory()
-        return host.to(self.device, non_blocking=True), base, row
+        if ws.meta is None or ws.meta.numel() < host.numel():
+            ws.meta = torch.empty(max(host.numel(), 64), dtype=torch.int64, device=self.device)
+        dev = ws.meta[: host.numel()]
+        dev.copy_(host, non_blocking=True)  # one static device buffer (stream-ordered after the last launch)
+        return dev, base, row
 
     def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: bool = False) -> Workspace:
         """Run the whole schedule for B sequences (outputs in ``self.out_*``, [B, ...])."""
@@ -326,6 +333,9 @@ class Drafter:
         longest = max(s.c + s.n for s in seqs)
         cos, sin = self.rope_tables(longest + cfg.depth + 1)
         meta, kv_base, n_rows = self.pack(seqs)
+        if mode == "graph":  # the captured launches write fixed output buffers, cloned after replay
+            fresh = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
+            self._graph_outputs(nb)
         lw = weights.layers[0]
         eagle3 = cfg.architecture == "eagle3"
         dummy = ws.sync  # stands in for absent optional tensors (never read)
@@ -400,15 +410,62 @@ class Drafter:
             except Exception as exc:  # e.g. out of resources, or a grid larger than co-residency allows
                 raise KernelError(f"triton drafter: persistent launch of {grid[0]} programs failed: {exc}") from exc
         elif mode == "steps":
-            for s in range(self.n_steps):
-                if step_hook is not None:
-                    step_hook(s)
-                args[0] = self.schedule[s:]
-                args[1] = 1
-                K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False, **const)
+            self._launch_steps(args, const, grid, step_hook)
+        elif mode == "graph":
+            key = (nb, n_rows, tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args),
+                   tuple(sorted(const.items())))
+            graph = self._graphs.pop(key, None)
+            if graph is None:
+                graph = self._capture(args, const, grid)
+            self._graphs[key] = graph  # most recently used last
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.pop(next(iter(self._graphs)))
+            graph.replay()
+            for dst, src in zip(fresh, (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos,
+                                        self.out_ret, self.out_leaf)):
+                dst.copy_(src)
+            (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret,
+             self.out_leaf) = fresh
         else:
-            raise ValueError(f"mode must be 'persistent' or 'steps', got {mode!r}")
+            raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         return ws
+
+    max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
+
+    def _launch_steps(self, args, const, grid, step_hook=None) -> None:
+        """One launch per schedule entry (the interpreter path; on GPU the graph mode's body)."""
+        args = list(args)
+        for st in range(self.n_steps):
+            if step_hook is not None:
+                step_hook(st)
+            args[0] = self.schedule[st:]
+            args[1] = 1
+            K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False, **const)
+
+    def _capture(self, args, const, grid):
+        """CUDA graph of the step launches for these exact arguments (compiled and run once on a
+        side stream first, as capture requires)."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._launch_steps(args, const, grid)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._launch_steps(args, const, grid)
+        return graph
+
+    def _graph_outputs(self, batch: int) -> None:
+        """Point ``out_*`` at this batch size's fixed graph outputs (allocated once)."""
+        outs = self._graph_outs.get(batch)
+        if outs is None:
+            keep = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
+            self.alloc_outputs(batch)
+            outs = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
+            self._graph_outs[batch] = outs
+            (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret,
+             self.out_leaf) = keep
+        (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf) = outs
 
     def step_times_us(self) -> list[float]:
         """Per-schedule-entry durations (us) of the last TIMING persistent run, barrier included."""
