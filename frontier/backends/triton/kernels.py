@@ -6,6 +6,11 @@ merge, root selection), then per depth the same layer phases on the K frontier r
 by the K*K -> K prune, and at the end the top-(T-1) selection. Every phase is a ``@triton.jit``
 function of ``(pid, nprog)`` that spreads its work over whatever grid it gets.
 
+A call drafts B sequences at once (B = 1 is the single-sequence call): the context step's new
+rows of all sequences are packed, the tree rows are B*K, and an int64 metadata block gives each
+sequence's cache length, new rows, first packed row and cache offsets from one base pointer.
+Weight phases stream each weight tile once for the rows of every sequence.
+
 :func:`drafter_kernel` walks a schedule. With ``PERSISTENT=True`` (GPU) one launch walks the
 whole schedule on a co-resident grid, separating phases with a bounded grid barrier; with
 ``PERSISTENT=False`` each launch runs one schedule entry (the interpreter path: programs run one

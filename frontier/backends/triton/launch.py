@@ -2,15 +2,20 @@
 
 The schedule is the list of phases one draft call runs (``kernels.drafter_kernel`` walks it):
 
-    context step:  [PREP2, FC] (eagle2) | [FC, PREP3] (eagle3), QKV, ROPE, ATTN, OPROJ,
+    context step:  [PREP2, FC] (eagle2) | [FC, PREP3] (eagle3), QKV, ROPE, ATTN (3 phases), OPROJ,
                    NORM_POST, GATEUP, DOWN, [NORM_F], LMHEAD, MERGE, SELECT
-    each depth i:  [PREP2, FC] | [PREP3], QKV, ROPE, ATTN, OPROJ, NORM_POST, GATEUP, DOWN,
+    each depth i:  [PREP2, FC] | [PREP3], QKV, ROPE, ATTN (3 phases), OPROJ, NORM_POST, GATEUP, DOWN,
                    [NORM_F], LMHEAD, MERGE, SELECT
     end:           FINAL
 
+Big batches use a variant (``build_schedule``): one fused attention phase, and split-K QKV,
+o_proj and down, each followed by its reduction phase.
+
 ``mode="persistent"`` (GPU) runs the whole schedule in one cooperative launch with a bounded
 grid barrier between entries; ``mode="steps"`` launches one entry at a time on the same grid
-(the interpreter path, and a debugging aid on GPU).
+(the interpreter path, and a debugging aid on GPU); ``mode="graph"`` captures the step launches
+once per batch shape as a CUDA graph and replays it (the per-call inputs and metadata live in
+fixed workspace buffers, refreshed before each replay).
 """
 
 from __future__ import annotations
