@@ -107,6 +107,26 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
 # phases
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
+                 BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
+    valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
+    ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs)."""
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BNS, BM], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kk = k0 + rk
+        w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0)
+        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
+                    other=0.0, cache_modifier=".cg")
+        if IEEE:
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    return acc
+
+
+@triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
@@ -123,7 +143,6 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
         NT = N + 2 * N2
     else:
         NT = N
-    rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
@@ -136,16 +155,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
             wrow = w_ptr + rr * Kd
         for m0 in range(0, M, BM):
             rm = m0 + rbm
-            acc = tl.zeros([BNS, BM], dtype=tl.float32)
-            for k0 in range(0, Kd, BK):
-                kk = k0 + rk
-                w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
-                x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                            other=0.0, cache_modifier=".cg")
-                if IEEE:
-                    acc = tl.dot(w, x, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, x, acc)
+            acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, 0, Kd, BNS, BM, BK, IEEE)
             msk = rmask[:, None] & (rm[None, :] < M)
             if MODE == 1:
                 r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0,
@@ -178,7 +188,6 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
         kch = tl.cdiv(tl.cdiv(Kd, SPL), BK) * BK
         k_lo = sp * kch
         k_hi = tl.minimum(Kd, k_lo + kch)
-        rk = tl.arange(0, BK)
         rbm = tl.arange(0, BM)
         for s0 in range(0, RP, BNS):
             rp = s0 + tl.arange(0, BNS)
@@ -191,16 +200,7 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
                 wrow = w_ptr + rr * Kd
             for m0 in range(0, M, BM):
                 rm = m0 + rbm
-                acc = tl.zeros([BNS, BM], dtype=tl.float32)
-                for k0 in range(k_lo, k_hi, BK):
-                    kk = k0 + rk
-                    w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0)
-                    x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None],
-                                mask=(rm[None, :] < M) & (kk[:, None] < k_hi), other=0.0, cache_modifier=".cg")
-                    if IEEE:
-                        acc = tl.dot(w, x, acc, input_precision="ieee")
-                    else:
-                        acc = tl.dot(w, x, acc)
+                acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi, BNS, BM, BK, IEEE)
                 tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
                          mask=rmask[:, None] & (rm[None, :] < M))
 
@@ -414,6 +414,73 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
 
 
 @triton.jit
+def _seq_cache(meta_ptr, b, kv_ptr, HD):
+    """Sequence b's attention context: its length (cached + new rows), the per-KV-head stride of
+    its cache, and its K and V base pointers."""
+    mb = meta_ptr + b * META_W
+    nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
+    return (nctx, tl.load(mb + META_MAXLEN) * HD, kv_ptr + tl.load(mb + META_KOFF),
+            kv_ptr + tl.load(mb + META_VOFF))
+
+
+@triton.jit
+def _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """Running max / sum of exp of the scores against context keys [j_lo, j_hi)."""
+    for j0 in range(j_lo, j_hi, BLOCK_N):
+        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
+        m_i = m_new
+    return m_i, l_i
+
+
+@triton.jit
+def _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d, HD,
+                DT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Running max / sum of exp over each row's n_anc ancestor slots."""
+    for a in range(n_anc):
+        sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT, BLOCK_D)
+        m_new = tl.maximum(m_i, sa)
+        l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
+        m_i = m_new
+    return m_i, l_i
+
+
+@triton.jit
+def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+    """acc += P V over context keys [j_lo, j_hi), P = round_dtype(exp(s - m) / l) with the
+    row's final max m and sum l (the reference casts softmax's output before ``@ V``)."""
+    rd = tl.arange(0, BLOCK_D)
+    for j0 in range(j_lo, j_hi, BLOCK_N):
+        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+        p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
+        v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
+                    mask=(rj < j_hi)[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg")
+        if IEEE:
+            acc = tl.dot(p, v, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p, v, acc)
+    return acc
+
+
+@triton.jit
+def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d,
+             HD, DT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """acc += P V over each row's ancestor slots (gathered keys and values)."""
+    rd = tl.arange(0, BLOCK_D)
+    for a in range(n_anc):
+        sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT, BLOCK_D)
+        pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+        vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                     mask=qmask[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+        acc += pa[:, None] * vt
+    return acc
+
+
+@triton.jit
 def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                   tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
                   pm_ptr, pl_ptr, pacc_ptr, NCH,
@@ -442,11 +509,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
         c = t - bg * parts
         b = bg // NKV
         g = bg - b * NKV
-        mb = meta_ptr + b * META_W
-        nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
-        c_head_stride = tl.load(mb + META_MAXLEN) * HD
-        ck_ptr = kv_ptr + tl.load(mb + META_KOFF)
-        cv_ptr = kv_ptr + tl.load(mb + META_VOFF)
+        nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
         anc_b = anc_ptr + b * R * anc_stride
         chunk = tl.cdiv(nctx, NCH)
         qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
@@ -459,19 +522,11 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
             m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_Q], tl.float32)
             if c < NCH:
-                for j0 in range(j_lo, j_hi, BLOCK_N):
-                    s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-                    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                    safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
-                    m_i = m_new
+                m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT, BLOCK_N,
+                                      BLOCK_D, IEEE)
             else:
-                for a in range(n_anc):
-                    sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
-                                            HD, DT, BLOCK_D)
-                    m_new = tl.maximum(m_i, sa)
-                    l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
-                    m_i = m_new
+                m_i, l_i = _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
+                                       sqrt_d, HD, DT, BLOCK_D)
             tl.store(pm_ptr + base + rq, m_i)
             tl.store(pl_ptr + base + rq, l_i)
         else:
@@ -484,23 +539,11 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
             l_i = tl.sum(tl.where(pms == float("-inf"), 0.0, pls * tl.exp(pms - m_i[None, :])), axis=0)
             acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
             if c < NCH:
-                for j0 in range(j_lo, j_hi, BLOCK_N):
-                    s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-                    p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
-                    v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
-                                mask=(rj < j_hi)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
-                    if IEEE:
-                        acc = tl.dot(p, v, acc, input_precision="ieee")
-                    else:
-                        acc = tl.dot(p, v, acc)
+                acc = _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT, BLOCK_N,
+                              BLOCK_D, IEEE)
             else:
-                for a in range(n_anc):
-                    sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d,
-                                            HD, DT, BLOCK_D)
-                    pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
-                    vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                                 mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-                    acc += pa[:, None] * vt
+                acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride,
+                               n_anc, sqrt_d, HD, DT, BLOCK_D)
             tl.store(pacc_ptr + (base + rq)[:, None] * BLOCK_D + rd[None, :], acc)
 
 
@@ -508,7 +551,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
 def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride,
                    n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """Attention in one phase (batched launches, where B*NKV items already fill the grid): item
+    """Attention in one phase (big batches, where B*NKV items already fill the grid): item
     (sequence b, KV head g) walks its whole context twice - max and sum of exp, then the
     probabilities rounded to the compute dtype times V - plus the rows' ancestor slots, and
     writes the attention output rows itself (no partials, no extra barriers)."""
@@ -523,46 +566,21 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
     for bg in range(pid, B * NKV, nprog):
         b = bg // NKV
         g = bg - b * NKV
-        mb = meta_ptr + b * META_W
-        nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
-        c_head_stride = tl.load(mb + META_MAXLEN) * HD
-        ck_ptr = kv_ptr + tl.load(mb + META_KOFF)
-        cv_ptr = kv_ptr + tl.load(mb + META_VOFF)
+        nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
         anc_b = anc_ptr + b * R * anc_stride
         qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
         q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
                     cache_modifier=".cg")
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
-        for j0 in range(0, nctx, BLOCK_N):
-            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
-            m_i = m_new
-        for a in range(n_anc):
-            sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT,
-                                    BLOCK_D)
-            m_new = tl.maximum(m_i, sa)
-            l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
-            m_i = m_new
+        m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+        m_i, l_i = _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d,
+                               HD, DT, BLOCK_D)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-        for j0 in range(0, nctx, BLOCK_N):
-            s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-            p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
-            v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
-                        mask=(rj < nctx)[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
-            if IEEE:
-                acc = tl.dot(p, v, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(p, v, acc)
-        for a in range(n_anc):
-            sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT,
-                                    BLOCK_D)
-            pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
-            vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
-                         mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-            acc += pa[:, None] * vt
+        acc = _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D,
+                      IEEE)
+        acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
+                       sqrt_d, HD, DT, BLOCK_D)
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
 
 
@@ -693,7 +711,6 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     without also holding a 64-bit key per logit in registers. Only this program reads back what
     it wrote (the block barrier orders it), and the scratch rows stay in L2."""
     DT = x_ptr.dtype.element_ty
-    rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
@@ -701,16 +718,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
         rmask = (rp < RP) & (rr < V)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
-            acc = tl.zeros([BNS, BM], dtype=tl.float32)
-            for k0 in range(0, Kd, BK):
-                kk = k0 + rk
-                w = tl.load(w_ptr + rr[:, None] * Kd + kk[None, :], mask=rmask[:, None] & (kk[None, :] < Kd), other=0.0)
-                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                            other=0.0, cache_modifier=".cg")
-                if IEEE:
-                    acc = tl.dot(w, x, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, x, acc)
+            acc = _stream_tile(w_ptr + rr * Kd, rmask, x_ptr, Kd, rm, M, 0, Kd, BNS, BM, BK, IEEE)
             tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
     tl.debug_barrier()
     rc = tl.arange(0, BNP)
