@@ -175,8 +175,11 @@ def validate_request(
     padded: bool,
     seed: int,
     options: dict[str, Any],
+    weights_checked: bool = False,
 ) -> DraftRequest:
-    """Check shapes, dtypes, devices and consistency with ``cfg``; raise :class:`InputError`."""
+    """Check shapes, dtypes, devices and consistency with ``cfg``; raise :class:`InputError`.
+    ``weights_checked``: the weights were already validated against ``cfg`` (a batch's later
+    sequences), so only their device and dtype are compared here."""
     if not isinstance(features, torch.Tensor):
         raise InputError(f"features_concat must be a torch.Tensor [1, n, F], got {type(features).__name__}")
     if features.dim() != 3:
@@ -227,7 +230,8 @@ def validate_request(
             raise InputError(f"backend {backend_name!r} needs the draft head: pass weights= or ea_layer=")
         if not isinstance(weights, DraftWeights):
             raise InputError(f"weights must be a frontier.DraftWeights, got {type(weights).__name__}")
-        weights.validate(cfg)
+        if not weights_checked:
+            weights.validate(cfg)
         if weights.device != features.device:
             raise InputError(f"weights are on {weights.device} but features_concat on {features.device}")
         if weights.dtype != features.dtype:

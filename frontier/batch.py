@@ -129,6 +129,7 @@ def frontier_generate_batch(
                     padded=padded,
                     seed=seed,
                     options=dict(options),
+                    weights_checked=b > 0,  # the shared weights were validated with sequence 0
                 )
             )
         except FrontierError as exc:

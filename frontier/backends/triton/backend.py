@@ -103,10 +103,11 @@ class TritonBackend(Backend):
         of all sequences. Each sequence's Frontier equals drafting it alone."""
         from .launch import SeqCall
 
-        modes = {self._check(r) for r in requests}
+        # a batch shares cfg, weights, device and options (frontier_generate_batch), so one check
+        modes = {r.options.get("mode") for r in requests}
         if len(modes) != 1:
-            raise InputError(f"all sequences of a batch must use one launch mode, got {sorted(modes)}")
-        mode = modes.pop()
+            raise InputError(f"all sequences of a batch must use one launch mode, got {sorted(map(str, modes))}")
+        mode = self._check(requests[0])
         r0 = requests[0]
         cfg, w = r0.cfg, r0.weights
         seqs, caches = [], []
@@ -131,17 +132,21 @@ class TritonBackend(Backend):
             leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
             if mode == "persistent":
                 d.check_error()  # one host read, after the packing work is queued behind the kernel
-            parents = torch.cat([d.out_par.new_zeros(len(requests), 1), d.out_par], dim=1)  # one op for the batch
+            # per-sequence views, made in one op per output
+            parents = torch.cat([d.out_par.new_zeros(len(requests), 1), d.out_par], dim=1).unbind(0)
+            toks, pars, scores = d.out_tok.unbind(0), d.out_par.unbind(0), d.out_score.unbind(0)
+            masks, poss, rets, leaves = (d.out_mask[:, None, None].unbind(0), d.out_pos.unbind(0), d.out_ret.unbind(0),
+                                         d.out_leaf[:, 0].unbind(0))
             results = []
             for b, r in enumerate(requests):
-                out_tok, out_par, out_score = d.out_tok[b], d.out_par[b], d.out_score[b]
+                out_tok, out_par, out_score = toks[b], pars[b], scores[b]
                 if r.sampling or r.options.get("pack") == "torch":
                     # sampling orders retrieve rows lexicographically: the shared packer does it
                     packed = pack_tree(out_par, sampling=r.sampling, padded=r.padded, max_depth=cfg.depth + 1)
                     mask, pos, ret, leaf_count = (packed.tree_mask, packed.tree_position_ids,
                                                   packed.retrieve_indices, packed.leaf_count)
                 else:  # packed in the kernel's final phase, pack_tree's exact layout
-                    mask, pos, ret, leaf_count = d.out_mask[b][None, None], d.out_pos[b], d.out_ret[b], d.out_leaf[b, 0]
+                    mask, pos, ret, leaf_count = masks[b], poss[b], rets[b], leaves[b]
                     if not r.padded:
                         n_leaves, deepest = leaf_info[b]
                         ret = ret[:n_leaves, : deepest + 1].contiguous()
