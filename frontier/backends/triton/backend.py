@@ -100,7 +100,8 @@ class TritonBackend(Backend):
 
     def generate_batch(self, requests) -> list[Frontier]:
         """Draft B sequences in one launch: every weight tile is streamed once for the tree rows
-        of all sequences. Each sequence's Frontier equals drafting it alone."""
+        of all sequences. In fp32 each sequence's Frontier equals drafting it alone; the tiling
+        depends on the batch size, so bf16 near-ties may resolve differently (docs/triton.md)."""
         from .launch import SeqCall
 
         # a batch shares cfg, weights, device and options (frontier_generate_batch), so one check
