@@ -323,3 +323,48 @@ def test_run_case_wiring_on_cpu(monkeypatch):
     assert [t[:2] for t in timed] == [(5, 10)]
     assert isinstance(timed[0][2], frontier.Frontier)  # batch 1 stays the single-sequence call
     assert row1.floor_ms == row.floor_ms and not row1.ragged
+
+
+def test_cli_graph_flag_reaches_run_bench(monkeypatch, capsys):
+    """``--graph`` asks run_bench for triton's mode='graph' column (run_bench stubbed: no GPU here)."""
+    import frontier.bench as bench
+
+    seen = {}
+
+    def fake_run_bench(presets, depths, **kw):
+        seen.update(kw, presets=presets, depths=depths)
+        return "table"
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    assert main(["bench", "--graph", "--batch", "1,16", "--depth", "7", "--backends", "triton"]) == 0
+    assert seen["graph"] is True and seen["batches"] == [1, 16] and seen["depths"] == [7]
+    assert seen["backends"] == ["triton"] and "table" in capsys.readouterr().out
+    assert main(["bench", "--depth", "7"]) == 0 and seen["graph"] is False
+
+
+def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
+    """run_case adds a 'triton graph' variant (the same call with mode='graph') when graph=True."""
+    import frontier.bench as bench
+
+    calls = []
+
+    case = tiny_case(batch=1, context=8, new_rows=2)
+
+    class FakeSetup:
+        def __init__(self, case, **kw):
+            self.cfg, self.weights = case.config(), case.head.weights
+
+        def call(self, backend, **options):
+            calls.append((backend, options.get("mode")))
+
+    monkeypatch.setattr(bench, "CallSetup", FakeSetup)
+    monkeypatch.setattr(bench, "time_calls", lambda fn, warmup=5, reps=50: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
+                         kernel_only=False, graph=True)
+    assert calls == [("triton", None), ("triton", "graph")] and set(row.results) == {"triton", "triton graph"}
+    calls.clear()
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
+                         kernel_only=False)
+    assert calls == [("triton", None)] and set(row.results) == {"triton"}
