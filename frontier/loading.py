@@ -55,7 +55,7 @@ import torch
 
 from .config import FrontierConfig
 from .errors import ConfigError, InputError, WeightsError
-from .weights import DraftWeights, detect_architecture
+from .weights import DraftWeights, detect_architecture, head_tensor_shapes
 
 PathLike = Union[str, os.PathLike]
 
@@ -316,31 +316,7 @@ class HeadDims:
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Public key -> shape of every tensor of the head (embedding and lm_head included)."""
-        h, v, vt, inter = self.hidden_size, self.vocab_size, self.target_vocab_size, self.intermediate_size
-        qd, kvd = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        eagle3 = self.architecture == "eagle3"
-        attn_in = 2 * h if eagle3 else h
-        out: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (vt, h)}
-        out["fc.weight"] = (h, self.feature_size) if eagle3 else (h, 2 * h)
-        if self.fc_bias:
-            out["fc.bias"] = (h,)
-        for i in range(self.num_layers):
-            p = "midlayer" if eagle3 else f"layers.{i}"
-            out[f"{p}.self_attn.q_proj.weight"] = (qd, attn_in)
-            out[f"{p}.self_attn.k_proj.weight"] = (kvd, attn_in)
-            out[f"{p}.self_attn.v_proj.weight"] = (kvd, attn_in)
-            out[f"{p}.self_attn.o_proj.weight"] = (h, qd)
-            out[f"{p}.mlp.gate_proj.weight"] = (inter, h)
-            out[f"{p}.mlp.up_proj.weight"] = (inter, h)
-            out[f"{p}.mlp.down_proj.weight"] = (h, inter)
-            if eagle3 or i > 0:
-                out[f"{p}.input_layernorm.weight"] = (h,)
-            out[f"{p}.post_attention_layernorm.weight"] = (h,)
-        if eagle3:
-            out["midlayer.hidden_norm.weight"] = (h,)
-            out["norm.weight"] = (h,)
-        out["lm_head.weight"] = (v, h) if eagle3 else (vt, h)
-        return out
+        return head_tensor_shapes(self)
 
     def byte_counts(self, element_size: int) -> dict[str, int]:
         """Bytes of the parameter groups at ``element_size`` bytes per weight.

@@ -26,6 +26,37 @@ from .config import FrontierConfig
 from .errors import WeightsError
 
 
+def head_tensor_shapes(dims: Any) -> dict[str, tuple[int, ...]]:
+    """Public key -> shape of every tensor of a draft head (embedding and lm_head included),
+    from its dimensions: a :class:`FrontierConfig` or a checkpoint's ``loading.HeadDims``.
+    EAGLE-2 drafts with the target's lm_head ([target_vocab_size, H])."""
+    h, v, vt, inter = dims.hidden_size, dims.vocab_size, dims.target_vocab_size, dims.intermediate_size
+    qd, kvd = dims.num_attention_heads * dims.head_dim, dims.num_key_value_heads * dims.head_dim
+    eagle3 = dims.architecture == "eagle3"
+    attn_in = 2 * h if eagle3 else h
+    out: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (vt, h)}
+    out["fc.weight"] = (h, dims.feature_size) if eagle3 else (h, 2 * h)
+    if dims.fc_bias:
+        out["fc.bias"] = (h,)
+    for i in range(dims.num_layers):
+        p = "midlayer" if eagle3 else f"layers.{i}"
+        out[f"{p}.self_attn.q_proj.weight"] = (qd, attn_in)
+        out[f"{p}.self_attn.k_proj.weight"] = (kvd, attn_in)
+        out[f"{p}.self_attn.v_proj.weight"] = (kvd, attn_in)
+        out[f"{p}.self_attn.o_proj.weight"] = (h, qd)
+        out[f"{p}.mlp.gate_proj.weight"] = (inter, h)
+        out[f"{p}.mlp.up_proj.weight"] = (inter, h)
+        out[f"{p}.mlp.down_proj.weight"] = (h, inter)
+        if eagle3 or i > 0:
+            out[f"{p}.input_layernorm.weight"] = (h,)
+        out[f"{p}.post_attention_layernorm.weight"] = (h,)
+    if eagle3:
+        out["midlayer.hidden_norm.weight"] = (h,)
+        out["norm.weight"] = (h,)
+    out["lm_head.weight"] = (v, h) if eagle3 else (vt, h)
+    return out
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer. Linear weights are stored as ``[out, in]`` (nn.Linear layout)."""
@@ -138,38 +169,14 @@ class DraftWeights:
     def validate(self, cfg: FrontierConfig, *, where: str = "weights") -> "DraftWeights":
         """Check every tensor against ``cfg``; raise :class:`WeightsError` naming key and shapes."""
         cfg.require_layer_dims("validating draft weights")
-        h, f, v, vt = cfg.hidden_size, cfg.feature_size, cfg.vocab_size, cfg.target_vocab_size
-        qd, kvd, inter = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
         if self.architecture != cfg.architecture:
             raise WeightsError(
                 f"{where}: weights are for architecture {self.architecture!r} but the config says {cfg.architecture!r}"
             )
         if len(self.layers) != cfg.num_layers:
             raise WeightsError(f"{where}: {len(self.layers)} layer(s) in the weights, config num_layers={cfg.num_layers}")
-        attn_in = 2 * h if cfg.architecture == "eagle3" else h
-        expect: dict[str, tuple[int, ...]] = {
-            "embed_tokens.weight": (vt, h),
-            "fc.weight": (h, f) if cfg.architecture == "eagle3" else (h, 2 * h),
-            "lm_head.weight": (v, h),
-        }
-        if cfg.fc_bias:
-            expect["fc.bias"] = (h,)
-        if cfg.architecture == "eagle3":
-            expect["midlayer.hidden_norm.weight"] = (h,)
-            expect["norm.weight"] = (h,)
-        prefix = "midlayer" if cfg.architecture == "eagle3" else "layers.{i}"
-        for i in range(cfg.num_layers):
-            p = prefix.format(i=i)
-            expect[f"{p}.self_attn.q_proj.weight"] = (qd, attn_in)
-            expect[f"{p}.self_attn.k_proj.weight"] = (kvd, attn_in)
-            expect[f"{p}.self_attn.v_proj.weight"] = (kvd, attn_in)
-            expect[f"{p}.self_attn.o_proj.weight"] = (h, qd)
-            expect[f"{p}.mlp.gate_proj.weight"] = (inter, h)
-            expect[f"{p}.mlp.up_proj.weight"] = (inter, h)
-            expect[f"{p}.mlp.down_proj.weight"] = (h, inter)
-            expect[f"{p}.post_attention_layernorm.weight"] = (h,)
-            if cfg.architecture == "eagle3" or i > 0:
-                expect[f"{p}.input_layernorm.weight"] = (h,)
+        v, vt = cfg.vocab_size, cfg.target_vocab_size
+        expect = head_tensor_shapes(cfg)
         have = self.state_dict()
         for key, shape in expect.items():
             t = have.get(key)
@@ -358,4 +365,4 @@ def config_from_ea_layer(layer: Any, *, total_token: int, depth: int, top_k: int
     return FrontierConfig(**data)
 
 
-__all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer"]
+__all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes"]
