@@ -107,6 +107,16 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
 # phases
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b, accumulated in fp32 (IEEE-precision products for fp32 inputs)."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
     """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
@@ -119,10 +129,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0)
         x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
                     other=0.0, cache_modifier=".cg")
-        if IEEE:
-            acc = tl.dot(w, x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x, acc)
+        acc = _mma(w, x, acc, IEEE)
     return acc
 
 
@@ -252,12 +259,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
                 x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
                             other=0.0, cache_modifier=".cg")
-                if IEEE:
-                    acc_g = tl.dot(wg, x, acc_g, input_precision="ieee")
-                    acc_u = tl.dot(wu, x, acc_u, input_precision="ieee")
-                else:
-                    acc_g = tl.dot(wg, x, acc_g)
-                    acc_u = tl.dot(wu, x, acc_u)
+                acc_g = _mma(wg, x, acc_g, IEEE)
+                acc_u = _mma(wu, x, acc_u, IEEE)
             g = acc_g.to(DT).to(tl.float32)
             u = acc_u.to(DT).to(tl.float32)
             sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
@@ -459,10 +462,7 @@ def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt
         p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
         v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
                     mask=(rj < j_hi)[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg")
-        if IEEE:
-            acc = tl.dot(p, v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p, v, acc)
+        acc = _mma(p, v, acc, IEEE)
     return acc
 
 
@@ -656,14 +656,9 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0)
                 if HALVES == 2:
                     w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0)
-                if IEEE:
-                    acc1 = tl.dot(w1, x, acc1, input_precision="ieee")
-                    if HALVES == 2:
-                        acc2 = tl.dot(w2, x, acc2, input_precision="ieee")
-                else:
-                    acc1 = tl.dot(w1, x, acc1)
-                    if HALVES == 2:
-                        acc2 = tl.dot(w2, x, acc2)
+                acc1 = _mma(w1, x, acc1, IEEE)
+                if HALVES == 2:
+                    acc2 = _mma(w2, x, acc2, IEEE)
             key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
             if HALVES == 2:
                 key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
