@@ -368,14 +368,12 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     """Per-phase ms of one persistent call, from the kernel's TIMING build: program 0 stamps the
     global timer after every grid barrier, so each phase's time includes its barrier. Summed
     over depths (context-step phases listed separately)."""
-    from .backends.triton import kernels as K_
     from .backends.triton.launch import Drafter
     from .registry import get_backend
 
     setup = CallSetup(case, device=device, dtype=dtype)
     be = get_backend("triton")
     d: Drafter = be.drafter(setup.cfg, dtype, torch.device(device))
-    names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
     ids = setup.ids[0, 1:]
     d.alloc_outputs()
     runs = []
@@ -386,13 +384,22 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
         torch.cuda.synchronize()
         if rep:
             runs.append(d.step_times_us())
-    med = [statistics.median(x) for x in zip(*runs)]
+    del setup
+    return phase_totals(d.schedule.tolist(), runs)
+
+
+def phase_totals(schedule: list[int], runs: list[list[float]]) -> dict[str, float]:
+    """ms per phase of a TIMING run: the median over ``runs`` of each schedule entry's µs (as
+    ``Drafter.step_times_us`` returns them), summed over depths per phase name; context-step
+    phases are listed separately as ``"ctx <phase>"``."""
+    from .backends.triton import kernels as K_
+
+    names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
     per: dict[str, float] = {}
-    for code, us in zip(d.schedule.tolist(), med):
+    for code, us in zip(schedule, (statistics.median(x) for x in zip(*runs))):
         ph, i = divmod(code, 256)
         key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
         per[key] = per.get(key, 0.0) + us / 1e3
-    del setup
     return per
 
 
@@ -489,4 +496,4 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
 
 __all__ = ["PRESETS", "BenchCase", "BenchRow", "run_bench", "copy_bandwidth", "floor_bytes", "kv_bytes",
            "device_weights", "CallSetup", "BatchCallSetup", "time_calls", "timing_reps", "format_table",
-           "batch1_ratios", "row_json", "check_batches", "phase_breakdown"]
+           "batch1_ratios", "row_json", "check_batches", "phase_breakdown", "phase_totals"]

@@ -6,14 +6,12 @@ median), tokens compared across tunings, and an in-kernel per-phase breakdown.
 """
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-from frontier.backends.triton import kernels as K_
 from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
-from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, floor_bytes, time_calls
+from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, floor_bytes, phase_totals, time_calls
 
 TUNINGS = {
     "base": {},
@@ -100,18 +98,12 @@ for bsz in [int(x) for x in a.batches.split(",")]:
                     same_n += int(torch.equal(d.out_tok[0], btok[b]) and torch.equal(d.out_par[0], bpar[b]))
                 print(f"  batch {bsz} {name}: {same_n}/{bsz} sequences drafted identically alone (bf16)", flush=True)
             if a.breakdown == bsz:
-                names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
                 runs = []
                 for _ in range(5):
                     go(timing=True)
                     torch.cuda.synchronize()
                     runs.append(d.step_times_us())
-                med = [statistics.median(x) for x in zip(*runs)]
-                per = {}
-                for code, us in zip(d.schedule.tolist(), med):
-                    ph, i = divmod(code, 256)
-                    key = ("ctx " if i == 255 else "") + names.get(ph, str(ph))
-                    per[key] = per.get(key, 0.0) + us / 1e3
+                per = phase_totals(d.schedule.tolist(), runs)
                 tot = sum(per.values())
                 print(f"  breakdown batch {bsz} {name}: total {tot:.3f} ms: " + ", ".join(
                     f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.01))

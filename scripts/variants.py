@@ -1,8 +1,8 @@
 """Time launch variants of the triton drafter on one bench case (kernel only, CUDA events, median):
 persistent with several tunings, step-by-step launches, and the steps captured in a CUDA graph."""
-import argparse, json, os, statistics, sys, time, traceback
+import argparse, json, time, traceback
 import torch
-from frontier.bench import BenchCase, CallSetup, copy_bandwidth, floor_bytes, time_calls
+from frontier.bench import BenchCase, CallSetup, copy_bandwidth, floor_bytes, phase_totals, time_calls
 from frontier.backends.triton.launch import Drafter, Tuning
 
 ap = argparse.ArgumentParser()
@@ -64,8 +64,6 @@ for name in a.variants.split(","):
                 ref_tokens = toks
             res[name] = ms
             if mode == "persistent" and a.timing:
-                from frontier.backends.triton import kernels as K_
-                names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
                 runs = []
                 for _ in range(7):
                     setup.cache.truncate(setup.c)
@@ -73,12 +71,7 @@ for name in a.variants.split(","):
                           case.new_rows, mode, timing=True)
                     torch.cuda.synchronize()
                     runs.append(d.step_times_us())
-                med = [statistics.median(x) for x in zip(*runs)]
-                per = {}
-                for code, us in zip(d.schedule.tolist(), med):
-                    ph, i = divmod(code, 256)
-                    key = ("ctx " if i == 255 else "") + names.get(ph, str(ph))
-                    per[key] = per.get(key, 0.0) + us
+                per = {k: 1e3 * ms for k, ms in phase_totals(d.schedule.tolist(), runs).items()}  # us
                 tot = sum(per.values())
                 print(f"    in-kernel breakdown (us, summed over depths; barrier included), total {tot:.0f} us:")
                 for k, v in sorted(per.items(), key=lambda kv: -kv[1]):

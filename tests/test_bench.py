@@ -368,3 +368,26 @@ def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
                          kernel_only=False)
     assert calls == [("triton", None)] and set(row.results) == {"triton"}
+
+
+def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():
+    """The in-kernel breakdown: per schedule entry the median over runs (us), summed per phase
+    name in ms, context-step phases apart."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import build_schedule
+    from frontier.bench import phase_totals
+
+    sched = build_schedule("eagle3", 2)
+    runs = [[float(j + 1) for j in range(len(sched))], [float(3 * (j + 1)) for j in range(len(sched))],
+            [float(2 * (j + 1)) for j in range(len(sched))]]  # median of each entry: 2 * (j + 1) us
+    per = phase_totals(sched, runs)
+    expect: dict[str, float] = {}
+    for j, code in enumerate(sched):
+        ph, i = divmod(code, 256)
+        name = [k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_") and v == ph][0]
+        key = ("ctx " if i == K_.CTX_DEPTH else "") + name
+        expect[key] = expect.get(key, 0.0) + 2 * (j + 1) / 1e3
+    assert per == pytest.approx(expect)
+    assert per["lmhead"] == pytest.approx(sum(2 * (j + 1) / 1e3 for j, c in enumerate(sched)
+                                              if c // 256 == K_.PH_LMHEAD and c % 256 != K_.CTX_DEPTH))
+    assert "ctx fc" in per and "fc" not in per and "final" in per
