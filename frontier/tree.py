@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from .result import Frontier
+
 
 @dataclass(frozen=True)
 class PackedTree:
@@ -175,4 +177,35 @@ def select_nodes(
     return draft_tokens, parent_pos, node_scores
 
 
-__all__ += ["expansion_parents", "select_nodes"]
+def frontier_from_candidates(
+    cand_scores: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    row_parents: torch.Tensor,
+    root_token: torch.Tensor,
+    *,
+    total_token: int,
+    top_k: int,
+    depth: int,
+    sampling: bool,
+    padded: bool,
+    cache=None,
+) -> Frontier:
+    """The end of every draft call built on a candidate list: :func:`select_nodes`, then
+    :func:`pack_tree`, as a :class:`~frontier.Frontier` (``cache`` is attached as given)."""
+    draft_tokens, parent_pos, node_scores = select_nodes(cand_scores, cand_tokens, row_parents, root_token,
+                                                         total_token, top_k)
+    packed = pack_tree(parent_pos, sampling=sampling, padded=padded, max_depth=depth + 1)
+    return Frontier(
+        draft_tokens=draft_tokens,
+        retrieve_indices=packed.retrieve_indices,
+        tree_mask=packed.tree_mask,
+        tree_position_ids=packed.tree_position_ids,
+        cache=cache,
+        scores=node_scores.float(),
+        parents=torch.cat([parent_pos.new_zeros(1), parent_pos]),
+        leaf_count=packed.leaf_count,
+        padded=padded,
+    )
+
+
+__all__ += ["expansion_parents", "select_nodes", "frontier_from_candidates"]

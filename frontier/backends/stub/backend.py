@@ -17,7 +17,7 @@ import torch
 
 from ...registry import Backend
 from ...result import Frontier
-from ...tree import expansion_parents, pack_tree, select_nodes
+from ...tree import expansion_parents, frontier_from_candidates
 
 _MASK32 = 0xFFFFFFFF
 
@@ -86,18 +86,7 @@ class StubBackend(Backend):
             top = torch.topk(cs.reshape(-1), k)
             pick, scores = top.indices, top.values  # [K]
 
-        draft_tokens, parent_pos, node_scores = select_nodes(
-            torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(row_parents), root, t, k
-        )
-        packed = pack_tree(parent_pos, sampling=request.sampling, padded=request.padded, max_depth=depth + 1)
-        return Frontier(
-            draft_tokens=draft_tokens,
-            retrieve_indices=packed.retrieve_indices,
-            tree_mask=packed.tree_mask,
-            tree_position_ids=packed.tree_position_ids,
-            cache=None,
-            scores=node_scores,
-            parents=torch.cat([parent_pos.new_zeros(1), parent_pos]),
-            leaf_count=packed.leaf_count,
-            padded=request.padded,
+        return frontier_from_candidates(
+            torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(row_parents), root, total_token=t, top_k=k,
+            depth=depth, sampling=request.sampling, padded=request.padded,
         )

@@ -19,7 +19,7 @@ import torch
 from ...cache import DraftCache
 from ...config import FrontierConfig
 from ...result import Frontier
-from ...tree import expansion_parents, pack_tree, select_nodes
+from ...tree import expansion_parents, frontier_from_candidates
 from ...weights import DraftWeights
 from .layer import causal_mask, draft_forward, log_probs, to_target_ids, tree_attention_mask
 
@@ -142,23 +142,13 @@ def draft_call(request) -> Frontier:
 
     # 3. final selection and packing
     root = request.input_ids[0, -1:]  # [1]
-    draft_tokens, parent_pos, node_scores = select_nodes(
-        torch.cat(cand.scores), torch.cat(cand.tokens), torch.cat(cand.row_parents), root, cfg.total_token, cfg.top_k
+    fr = frontier_from_candidates(
+        torch.cat(cand.scores), torch.cat(cand.tokens), torch.cat(cand.row_parents), root, total_token=cfg.total_token,
+        top_k=cfg.top_k, depth=cfg.depth, sampling=request.sampling, padded=request.padded, cache=cache,
     )
-    packed = pack_tree(parent_pos, sampling=request.sampling, padded=request.padded, max_depth=cfg.depth + 1)
 
     # Only now, with everything computed, do the new context rows enter the cache.
     for layer in range(cfg.num_layers):
         cache.write(layer, c, new_k[layer], new_v[layer])
     cache.commit(c + new_k[0].shape[1])
-    return Frontier(
-        draft_tokens=draft_tokens,
-        retrieve_indices=packed.retrieve_indices,
-        tree_mask=packed.tree_mask,
-        tree_position_ids=packed.tree_position_ids,
-        cache=cache,
-        scores=node_scores.float(),
-        parents=torch.cat([parent_pos.new_zeros(1), parent_pos]),
-        leaf_count=packed.leaf_count,
-        padded=request.padded,
-    )
+    return fr
