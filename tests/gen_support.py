@@ -15,6 +15,10 @@ from frontier.random_head import random_config, random_weights
 
 V = 256  # the tiny target's vocabulary
 
+# (total_token, depth, top_k): a bushy tree, a top_k=1 chain at its maximum size (D + 2),
+# total_token at its maximum 1 + K + D*K^2, and the smallest tree.
+TREES = [(16, 4, 4), (7, 5, 1), (22, 2, 3), (2, 1, 1)]
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -57,3 +61,33 @@ def _weights_for(backend, w):
 def interpreted(backend: str) -> bool:
     """Triton kernels under TRITON_INTERPRET=1 (CPU CI) take seconds per draft call."""
     return backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def plant_continuation(fr, future, rng, vocab=V):
+    """An oracle drafter's tree: ``fr``'s deepest path gets the target's true continuation
+    ``future`` for its first ``rng.randint(0, len(path))`` nodes and a wrong token after that
+    (siblings keep distinct tokens), so the loop sees acceptances of every length."""
+    from frontier.generation import tree_parents
+
+    tokens = fr.draft_tokens[0].clone()
+    parent = tree_parents(fr.tree_mask).tolist()
+    depth = fr.tree_position_ids.tolist()
+    deepest = max(range(len(depth)), key=lambda i: depth[i])
+    path = [deepest]
+    while path[-1] != 0:
+        path.append(parent[path[-1]])
+    path = path[::-1][1:]  # root excluded
+    correct = rng.randint(0, len(path))  # the first `correct` path nodes are right
+    for j, node in enumerate(path):
+        if j < len(future):
+            tokens[node] = future[j] if j < correct else (future[j] + 1) % vocab
+    for node in path:  # siblings keep distinct tokens
+        sibs = [i for i in range(1, len(parent)) if parent[i] == parent[node] and i != node]
+        used = {int(tokens[i]) for i in sibs} | {int(tokens[node])}
+        for s in sibs:
+            if int(tokens[s]) == int(tokens[node]):
+                alt = next(x for x in range(vocab) if x not in used)
+                tokens[s] = alt
+                used.add(alt)
+    fr.draft_tokens = tokens[None]
+    return fr

@@ -29,15 +29,7 @@ from frontier.bench import (
 from frontier.cli import main
 from frontier.commands.bench import parse_batches
 from frontier.random_head import random_config, random_weights
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny heads run fastest on one intra-op thread (and don't stall on a busy 2-core box)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+from gen_support import _one_thread  # noqa: F401  (autouse: one torch thread for the tiny heads)
 
 
 def tiny_case(*, batch, context, new_rows, ragged=False, seed=0, depth=3, top_k=3, total_token=10, **dims):

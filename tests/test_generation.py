@@ -15,16 +15,12 @@ from frontier.generation import (
     SpeculativeGenerator,
     eagle3_tap_layers,
     generate,
-    tree_parents,
 )
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
-from gen_support import V, _head, _one_thread, _reference, _weights_for, interpreted, pair  # noqa: F401
-
-
-# (total_token, depth, top_k): a bushy tree, a top_k=1 chain at its maximum size (D + 2),
-# total_token at its maximum 1 + K + D*K^2, and the smallest tree.
-TREES = [(16, 4, 4), (7, 5, 1), (22, 2, 3), (2, 1, 1)]
+from gen_support import (  # noqa: F401
+    TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, pair, plant_continuation,
+)
 
 
 def _prompt(seed, length):
@@ -53,29 +49,7 @@ class OracleBackend(Backend):
         self.calls.append((len(ids) - 1, request.features.shape[1]))
         assert ids == self.reference[: len(ids)], "the loop's sequence left the target's greedy output"
         future = self.reference[len(ids) :]
-        tokens = fr.draft_tokens[0].clone()
-        parent = tree_parents(fr.tree_mask).tolist()
-        depth = fr.tree_position_ids.tolist()
-        deepest = max(range(len(depth)), key=lambda i: depth[i])
-        path = [deepest]
-        while path[-1] != 0:
-            path.append(parent[path[-1]])
-        path = path[::-1][1:]  # root excluded
-        correct = self.rng.randint(0, len(path))  # the first `correct` path nodes are right
-        for j, node in enumerate(path):
-            if j < len(future):
-                tokens[node] = future[j] if j < correct else (future[j] + 1) % V
-        # siblings must keep distinct tokens
-        for node in path:
-            sibs = [i for i in range(1, len(parent)) if parent[i] == parent[node] and i != node]
-            used = {int(tokens[i]) for i in sibs} | {int(tokens[node])}
-            for s in sibs:
-                if int(tokens[s]) == int(tokens[node]):
-                    alt = next(x for x in range(V) if x not in used)
-                    tokens[s] = alt
-                    used.add(alt)
-        fr.draft_tokens = tokens[None]
-        return fr
+        return plant_continuation(fr, future, self.rng)
 
 
 @pytest.fixture
