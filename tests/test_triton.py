@@ -116,12 +116,14 @@ def test_registration_is_idempotent_and_attributes():
 
 
 @pytest.mark.skipif(not INTERPRET, reason="interpreter-only rule")
-def test_persistent_mode_refused_under_interpreter():
+@pytest.mark.parametrize("mode", ["persistent", "graph"])
+def test_gpu_only_modes_refused_under_interpreter(mode):
+    """The persistent launch (its grid barrier would spin) and graph mode (CUDA graphs) need a GPU."""
     cfg = random_config()
     w = random_weights(cfg, seed=1)
     ids, feats = random_inputs(cfg, context=4, seed=2)
-    with pytest.raises(InputError, match="persistent"):
-        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, mode="persistent")
+    with pytest.raises(InputError, match=mode):
+        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, mode=mode)
 
 
 def test_fallback_to_torch_ref_when_unavailable(monkeypatch):
@@ -373,15 +375,6 @@ def test_gpu_batch_matches_torch_ref(arch, mode):
     w = random_weights(cfg, seed=51, device="cuda", lm_head_scale=6.0)
     seqs, g = _ragged(cfg, 52, batch=7, lo=20, hi=70)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
-
-
-@pytest.mark.skipif(not INTERPRET, reason="interpreter-only rule")
-def test_graph_mode_needs_cuda():
-    cfg = random_config()
-    w = random_weights(cfg, seed=1)
-    ids, feats = random_inputs(cfg, context=4, seed=2)
-    with pytest.raises(InputError, match="graph"):
-        frontier_generate(cfg, feats, backend="triton", input_ids=ids, weights=w, mode="graph")
 
 
 @pytest.mark.gpu
