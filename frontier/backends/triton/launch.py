@@ -245,7 +245,6 @@ class Drafter:
         }
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
         self.n_steps = len(self.schedule)
-        self.batch = 1
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
         self._graph_outs: dict = {}
 
@@ -339,8 +338,8 @@ class Drafter:
         cos, sin = self.rope_tables(longest + cfg.depth + 1)
         meta, kv_base, n_rows = self.pack(seqs)
         if mode == "graph":  # the captured launches write fixed output buffers, cloned after replay
-            fresh = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
-            self._graph_outputs(nb)
+            fresh = self.outputs
+            self.outputs = self._graph_outputs(nb)
         lw = weights.layers[0]
         eagle3 = cfg.architecture == "eagle3"
         dummy = ws.sync  # stands in for absent optional tensors (never read)
@@ -366,8 +365,7 @@ class Drafter:
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if wide else dummy,
             None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
-            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, self.out_tok, self.out_par, self.out_score,
-            self.out_mask, self.out_pos, self.out_ret, self.out_leaf,
+            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, *self.outputs,
             nb, n_rows, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
             cfg.target_vocab_size, cfg.num_attention_heads, nkv_heads, cfg.head_dim, cfg.top_k,
             ws.C, cfg.total_token, cfg.depth, ws.sk, ws.mr, ws.pfw, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
@@ -426,11 +424,9 @@ class Drafter:
             while len(self._graphs) > self.max_graphs:
                 self._graphs.pop(next(iter(self._graphs)))
             graph.replay()
-            for dst, src in zip(fresh, (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos,
-                                        self.out_ret, self.out_leaf)):
+            for dst, src in zip(fresh, self.outputs):
                 dst.copy_(src)
-            (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret,
-             self.out_leaf) = fresh
+            self.outputs = fresh
         else:
             raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         return ws
@@ -460,17 +456,11 @@ class Drafter:
             self._launch_steps(args, const, grid)
         return graph
 
-    def _graph_outputs(self, batch: int) -> None:
-        """Point ``out_*`` at this batch size's fixed graph outputs (allocated once)."""
-        outs = self._graph_outs.get(batch)
-        if outs is None:
-            keep = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
-            self.alloc_outputs(batch)
-            outs = (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf)
-            self._graph_outs[batch] = outs
-            (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret,
-             self.out_leaf) = keep
-        (self.out_tok, self.out_par, self.out_score, self.out_mask, self.out_pos, self.out_ret, self.out_leaf) = outs
+    def _graph_outputs(self, batch: int) -> tuple:
+        """This batch size's fixed graph output buffers (allocated once)."""
+        if batch not in self._graph_outs:
+            self._graph_outs[batch] = self._new_outputs(batch)
+        return self._graph_outs[batch]
 
     def step_times_us(self) -> list[float]:
         """Per-schedule-entry durations (us) of the last TIMING persistent run, barrier included."""
@@ -486,17 +476,33 @@ class Drafter:
         """Columns of padded retrieve_indices: D + 2, as pack_tree(max_depth=D+1) gives."""
         return self.cfg.depth + 2
 
+    _OUT = ("out_tok", "out_par", "out_score", "out_mask", "out_pos", "out_ret", "out_leaf")
+
+    @property
+    def outputs(self) -> tuple:
+        """The output tensors the next launch writes (``out_tok`` ... ``out_leaf``, in ``_OUT`` order)."""
+        return tuple(getattr(self, name) for name in self._OUT)
+
+    @outputs.setter
+    def outputs(self, tensors) -> None:
+        for name, t in zip(self._OUT, tensors):
+            setattr(self, name, t)
+
+    def _new_outputs(self, batch: int) -> tuple:
+        t, dev = self.cfg.total_token, self.device
+        return (
+            torch.empty(batch, t, dtype=torch.int64, device=dev),  # draft tokens
+            torch.empty(batch, t - 1, dtype=torch.int64, device=dev),  # parent positions
+            torch.empty(batch, t, dtype=torch.float32, device=dev),  # scores
+            torch.empty(batch, t, t, dtype=torch.float32, device=dev),  # tree mask
+            torch.empty(batch, t, dtype=torch.int64, device=dev),  # position ids
+            torch.empty(batch, t, self.ret_width, dtype=torch.int64, device=dev),  # retrieve indices
+            torch.empty(batch, 2, dtype=torch.int64, device=dev),  # leaf count, deepest level
+        )
+
     def alloc_outputs(self, batch: int = 1) -> None:
         """Fresh output tensors for one call of ``batch`` sequences (returned in the Frontiers)."""
-        t, dev = self.cfg.total_token, self.device
-        self.batch = batch
-        self.out_tok = torch.empty(batch, t, dtype=torch.int64, device=dev)
-        self.out_par = torch.empty(batch, t - 1, dtype=torch.int64, device=dev)
-        self.out_score = torch.empty(batch, t, dtype=torch.float32, device=dev)
-        self.out_mask = torch.empty(batch, t, t, dtype=torch.float32, device=dev)
-        self.out_pos = torch.empty(batch, t, dtype=torch.int64, device=dev)
-        self.out_ret = torch.empty(batch, t, self.ret_width, dtype=torch.int64, device=dev)
-        self.out_leaf = torch.empty(batch, 2, dtype=torch.int64, device=dev)  # leaf count, deepest level
+        self.outputs = self._new_outputs(batch)
 
     def check_error(self) -> None:
         """Raise KernelError when a grid barrier timed out (one host read)."""
