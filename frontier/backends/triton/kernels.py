@@ -919,6 +919,108 @@ def _ph_final(pid, nprog, B, C, T, K, D1, W, RPW, PFW, cand_score_ptr, cand_tok_
         tl.debug_barrier()
 
 
+@triton.jit
+def _prefetch_l2(pid, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, row_lo, n_rows, k_lo, k_hi, nbytes, sink_ptr,
+                 QKV: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    """Ask L2 for the first ``nbytes`` of a weight slab before its phase starts (GPU only): rows
+    [row_lo, row_lo + n_rows) of W (QKV: of the row space [W; W2; W3], N + 2*N2 rows), columns
+    from k_lo, in the order the slab's k-loop will read them (the first k-chunks of every row). A
+    prefetch neither blocks nor returns data, so a program issues it just before it would wait
+    at a barrier, and the phase's first loads then hit L2 instead of HBM."""
+    EPL: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
+    if QKV:
+        NT = N + 2 * N2
+    else:
+        NT = N
+    lines_row = tl.cdiv(k_hi - k_lo, EPL)
+    lpr = tl.minimum(lines_row, tl.maximum(1, nbytes // (n_rows * 128)))
+    total = n_rows * lpr
+    ri = tl.arange(0, BLOCK)
+    z = tl.zeros([BLOCK], tl.int32)
+    for t0 in range(0, total, BLOCK):
+        t = t0 + ri
+        rr = row_lo + t // lpr
+        col = k_lo + (t % lpr) * EPL
+        ok = (t < total) & (rr < NT)
+        if QKV:
+            p = tl.where(rr < N, w_ptr + rr * Kd,
+                         tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd)) + col
+        else:
+            p = w_ptr + rr * Kd + col
+        p = tl.where(ok, p, w_ptr)
+        if ASM == 1:
+            z += tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [p],
+                                           dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            z += tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2::evict_last [$1];", "=r,l", [p],
+                                           dtype=tl.int32, is_pure=False, pack=1)
+    s = tl.sum(z, axis=0)  # always 0: keeps the prefetches live without a store
+    tl.store(sink_ptr, s, mask=s != 0)
+
+
+@triton.jit
+def _prefetch_split(pid, nprog, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, RPS, SPL, BKS, nbytes, sink,
+                    QKV: tl.constexpr, ASM: tl.constexpr):
+    """``_prefetch_l2`` of the slab and k-range this program streams in a split-K phase."""
+    r = pid // SPL
+    sp = pid - r * SPL
+    kch = tl.cdiv(tl.cdiv(Kd, SPL), BKS) * BKS
+    if r < nprog // SPL:
+        _prefetch_l2(pid, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, r * RPS, RPS, sp * kch, tl.minimum(Kd, sp * kch + kch),
+                     nbytes, sink, QKV, ASM, 1024)
+
+
+@triton.jit
+def _prefetch_next(pid, nprog, ph, i, D, sink, fcw_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr, lm_ptr,
+                   H, I, V, NQ, NKVD, RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, RPS_QKV, RPS_O, RPS_D,
+                   SPL_QKV, SPL_O, SPL_D, BKS_QKV, BKS_O, BKS_D, nbytes,
+                   EAGLE3: tl.constexpr, SPLITK: tl.constexpr, ASM: tl.constexpr):
+    """At the end of phase ``ph`` (depth i), prefetch this program's part of the next weight
+    phase: lm_head -> the next depth's QKV (EAGLE-2: its fc), fc -> QKV, RoPE -> o_proj (the
+    attention phases run in between), o_proj -> gate/up, gate/up -> down, down -> lm_head. Tree
+    depths of wide launches stream QKV, o_proj and down split-K: their slab and k-range."""
+    if EAGLE3:
+        a_in = 2 * H
+    else:
+        a_in = H
+    is_ctx = i == 255
+    tree_next = tl.where(is_ctx, D > 0, i + 1 < D)  # a depth follows this lm_head
+    split = False  # the phase prefetched for is a split-K one
+    if SPLITK:
+        split = (ph == 12) | (i != 255)
+    fc_next = False  # EAGLE-2 depths start with their own fc
+    if not EAGLE3:
+        fc_next = ph == 12
+    if (ph == 0) | ((ph == 12) & tree_next):
+        if fc_next:
+            _prefetch_l2(pid, fcw_ptr, fcw_ptr, fcw_ptr, H, 0, 2 * H, pid * RP_FC, RP_FC, 0, 2 * H, nbytes, sink,
+                         False, ASM, 1024)
+        elif split:
+            _prefetch_split(pid, nprog, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, a_in, RPS_QKV, SPL_QKV, BKS_QKV, nbytes,
+                            sink, True, ASM)
+        else:
+            _prefetch_l2(pid, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, a_in, pid * RP_QKV, RP_QKV, 0, a_in, nbytes, sink,
+                         True, ASM, 1024)
+    elif ph == 5:
+        if split & (i != 255):
+            _prefetch_split(pid, nprog, wo_ptr, wo_ptr, wo_ptr, H, 0, NQ, RPS_O, SPL_O, BKS_O, nbytes, sink, False,
+                            ASM)
+        else:
+            _prefetch_l2(pid, wo_ptr, wo_ptr, wo_ptr, H, 0, NQ, pid * RP_O, RP_O, 0, NQ, nbytes, sink, False, ASM, 1024)
+    elif ph == 7:
+        _prefetch_l2(pid, wg_ptr, wg_ptr, wg_ptr, I, 0, H, pid * RP_GU, RP_GU, 0, H, nbytes // 2, sink, False, ASM,
+                     1024)
+        _prefetch_l2(pid, wu_ptr, wu_ptr, wu_ptr, I, 0, H, pid * RP_GU, RP_GU, 0, H, nbytes // 2, sink, False, ASM,
+                     1024)
+    elif ph == 9:
+        if split & (i != 255):
+            _prefetch_split(pid, nprog, wd_ptr, wd_ptr, wd_ptr, H, 0, I, RPS_D, SPL_D, BKS_D, nbytes, sink, False, ASM)
+        else:
+            _prefetch_l2(pid, wd_ptr, wd_ptr, wd_ptr, H, 0, I, pid * RP_D, RP_D, 0, I, nbytes, sink, False, ASM, 1024)
+    elif ph == 10:
+        _prefetch_l2(pid, lm_ptr, lm_ptr, lm_ptr, V, 0, H, pid * RP_LM, RP_LM, 0, H, nbytes, sink, False, ASM, 1024)
+
+
 # ----------------------------------------------------------------------------------------------
 # grid barrier
 # ----------------------------------------------------------------------------------------------
@@ -974,10 +1076,10 @@ def drafter_kernel(
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
     B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
-    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, PF_BYTES,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
-    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr, PF_ASM: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
     BNS_FC: tl.constexpr, BK_FC: tl.constexpr, BNS_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNS_O: tl.constexpr, BK_O: tl.constexpr, BNS_GU: tl.constexpr, BK_GU: tl.constexpr,
@@ -1134,6 +1236,11 @@ def drafter_kernel(
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
                       out_pos_ptr, out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
+        if PF_ASM != 0:  # warm L2 with the start of the next weight phase's slab (see _prefetch_l2)
+            _prefetch_next(pid, nprog, ph, i, D, sync_ptr + 1, fcw_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr,
+                           wd_ptr, lm_ptr, H, I, V, NQ, NKVD, RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM,
+                           RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, BKS_QKV, BKS_O, BKS_D, PF_BYTES,
+                           EAGLE3, SPLITK, PF_ASM)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
             if TIMING:
