@@ -39,10 +39,6 @@ TUNINGS = {
     "na64": dict(BLOCK_NA=64),
     "ch16": dict(attn_chunks=16),
     "ch8na64": dict(attn_chunks=8, BLOCK_NA=64),
-    "pf0": dict(prefetch_asm=0),
-    "pf96k": dict(prefetch_bytes=98304),
-    "pf384k": dict(prefetch_bytes=393216),
-    "pfel": dict(prefetch_asm=2),
 }
 
 ap = argparse.ArgumentParser()

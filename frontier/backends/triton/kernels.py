@@ -619,16 +619,16 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
 
 
 @triton.jit
-def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR,
+def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               HALVES: tl.constexpr):
+               HALVES: tl.constexpr, ONE_SUB: tl.constexpr):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-KP logits as
-    ranking keys. Each program writes only that partial (keys [MR, KP], max [MR], sum [MR]) to its
-    slot: the [rows, V] logits never reach memory. The slab is walked in sub-slabs of BNS rows
+    ranking keys. Each program writes only that partial (keys [MR, KP], max [MR], sum [MR]; the
+    top-K ranked, entries K..KP-1 empty) to its slot: the [rows, V] logits never reach memory. The slab is walked in sub-slabs of BNS rows
     (one at batch 1), each against tiles of BM activation rows; a later sub-slab's results are
-    merged into the program's partial (running max / rescaled sum / top-KP), which only this
-    program touches. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
+    merged into the program's partial (running max / rescaled sum / top-K), which only this
+    program touches; ONE_SUB (the slab is one sub-slab, as at batch 1) skips that merge. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
     accumulators, same k-chunks, so the same sums)."""
     DT = x_ptr.dtype.element_ty
     HB: tl.constexpr = BNS // HALVES
@@ -670,24 +670,36 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             if HALVES == 2:
                 tsum += tl.sum(tl.exp(logit2 - safe[:, None]), axis=1)
             rmask = rm < MR
-            # the partial so far (nothing before the first sub-slab)
-            old = tl.load(kslot + rm[:, None] * KP + col, mask=rmask[:, None] & (s0 > 0), other=KEY_NONE)
-            omax = tl.load(mslot + rm, mask=rmask & (s0 > 0), other=float("-inf"))
-            osum = tl.load(sslot + rm, mask=rmask & (s0 > 0), other=0.0)
-            nmax = tl.maximum(omax, tmax)
-            nsafe = tl.where(nmax == float("-inf"), 0.0, nmax)
-            nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
-                tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
-            top = tl.full([BM, KP], KEY_NONE, tl.int64)
-            for j in tl.static_range(KP):  # KP rounds of the row max: the running top-KP, ranked
-                best = tl.maximum(tl.max(key1, axis=1), tl.max(old, axis=1))
-                if HALVES == 2:
-                    best = tl.maximum(best, tl.max(key2, axis=1))
-                top = tl.where(col == j, best[:, None], top)
-                key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
-                old = tl.where(old == best[:, None], KEY_NONE, old)
-                if HALVES == 2:
-                    key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
+            top = tl.full([BM, KP], KEY_NONE, tl.int64)  # entries from K on stay empty
+            if ONE_SUB:  # the slab is one sub-slab: no partial so far to merge with
+                nmax = tmax
+                nsum = tsum
+                for j in range(K):  # K rounds of the row max: the slab's top-K, ranked
+                    best = tl.max(key1, axis=1)
+                    if HALVES == 2:
+                        best = tl.maximum(best, tl.max(key2, axis=1))
+                    top = tl.where(col == j, best[:, None], top)
+                    key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+                    if HALVES == 2:
+                        key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
+            else:
+                # the partial so far (nothing before the first sub-slab)
+                old = tl.load(kslot + rm[:, None] * KP + col, mask=rmask[:, None] & (s0 > 0), other=KEY_NONE)
+                omax = tl.load(mslot + rm, mask=rmask & (s0 > 0), other=float("-inf"))
+                osum = tl.load(sslot + rm, mask=rmask & (s0 > 0), other=0.0)
+                nmax = tl.maximum(omax, tmax)
+                nsafe = tl.where(nmax == float("-inf"), 0.0, nmax)
+                nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
+                    tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
+                for j in range(K):  # K rounds of the row max: the running top-K, ranked
+                    best = tl.maximum(tl.max(key1, axis=1), tl.max(old, axis=1))
+                    if HALVES == 2:
+                        best = tl.maximum(best, tl.max(key2, axis=1))
+                    top = tl.where(col == j, best[:, None], top)
+                    key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+                    old = tl.where(old == best[:, None], KEY_NONE, old)
+                    if HALVES == 2:
+                        key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
             tl.debug_barrier()
             tl.store(kslot + rm[:, None] * KP + col, top, mask=rmask[:, None])
             tl.store(mslot + rm, nmax, mask=rmask)
@@ -696,7 +708,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 
 
 @triton.jit
-def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR,
+def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                     BMK: tl.constexpr, BNP: tl.constexpr):
     """lm_head for many activation rows (batches): the same per-program partials as
@@ -729,7 +741,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
         safe = tl.where(rmax == float("-inf"), 0.0, rmax)
         rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
         top = tl.full([BMK, KP], KEY_NONE, tl.int64)
-        for j in tl.static_range(KP):
+        for j in range(K):  # entries from K on stay empty
             best = tl.max(keys, axis=1)
             top = tl.where(col == j, best[:, None], top)
             keys = tl.where(keys == best[:, None], KEY_NONE, keys)
@@ -919,108 +931,6 @@ def _ph_final(pid, nprog, B, C, T, K, D1, W, RPW, PFW, cand_score_ptr, cand_tok_
         tl.debug_barrier()
 
 
-@triton.jit
-def _prefetch_l2(pid, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, row_lo, n_rows, k_lo, k_hi, nbytes, sink_ptr,
-                 QKV: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
-    """Ask L2 for the first ``nbytes`` of a weight slab before its phase starts (GPU only): rows
-    [row_lo, row_lo + n_rows) of W (QKV: of the row space [W; W2; W3], N + 2*N2 rows), columns
-    from k_lo, in the order the slab's k-loop will read them (the first k-chunks of every row). A
-    prefetch neither blocks nor returns data, so a program issues it just before it would wait
-    at a barrier, and the phase's first loads then hit L2 instead of HBM."""
-    EPL: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
-    if QKV:
-        NT = N + 2 * N2
-    else:
-        NT = N
-    lines_row = tl.cdiv(k_hi - k_lo, EPL)
-    lpr = tl.minimum(lines_row, tl.maximum(1, nbytes // (n_rows * 128)))
-    total = n_rows * lpr
-    ri = tl.arange(0, BLOCK)
-    z = tl.zeros([BLOCK], tl.int32)
-    for t0 in range(0, total, BLOCK):
-        t = t0 + ri
-        rr = row_lo + t // lpr
-        col = k_lo + (t % lpr) * EPL
-        ok = (t < total) & (rr < NT)
-        if QKV:
-            p = tl.where(rr < N, w_ptr + rr * Kd,
-                         tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd)) + col
-        else:
-            p = w_ptr + rr * Kd + col
-        p = tl.where(ok, p, w_ptr)
-        if ASM == 1:
-            z += tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [p],
-                                           dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            z += tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2::evict_last [$1];", "=r,l", [p],
-                                           dtype=tl.int32, is_pure=False, pack=1)
-    s = tl.sum(z, axis=0)  # always 0: keeps the prefetches live without a store
-    tl.store(sink_ptr, s, mask=s != 0)
-
-
-@triton.jit
-def _prefetch_split(pid, nprog, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, RPS, SPL, BKS, nbytes, sink,
-                    QKV: tl.constexpr, ASM: tl.constexpr):
-    """``_prefetch_l2`` of the slab and k-range this program streams in a split-K phase."""
-    r = pid // SPL
-    sp = pid - r * SPL
-    kch = tl.cdiv(tl.cdiv(Kd, SPL), BKS) * BKS
-    if r < nprog // SPL:
-        _prefetch_l2(pid, w_ptr, w2_ptr, w3_ptr, N, N2, Kd, r * RPS, RPS, sp * kch, tl.minimum(Kd, sp * kch + kch),
-                     nbytes, sink, QKV, ASM, 1024)
-
-
-@triton.jit
-def _prefetch_next(pid, nprog, ph, i, D, sink, fcw_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr, lm_ptr,
-                   H, I, V, NQ, NKVD, RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, RPS_QKV, RPS_O, RPS_D,
-                   SPL_QKV, SPL_O, SPL_D, BKS_QKV, BKS_O, BKS_D, nbytes,
-                   EAGLE3: tl.constexpr, SPLITK: tl.constexpr, ASM: tl.constexpr):
-    """At the end of phase ``ph`` (depth i), prefetch this program's part of the next weight
-    phase: lm_head -> the next depth's QKV (EAGLE-2: its fc), fc -> QKV, RoPE -> o_proj (the
-    attention phases run in between), o_proj -> gate/up, gate/up -> down, down -> lm_head. Tree
-    depths of wide launches stream QKV, o_proj and down split-K: their slab and k-range."""
-    if EAGLE3:
-        a_in = 2 * H
-    else:
-        a_in = H
-    is_ctx = i == 255
-    tree_next = tl.where(is_ctx, D > 0, i + 1 < D)  # a depth follows this lm_head
-    split = False  # the phase prefetched for is a split-K one
-    if SPLITK:
-        split = (ph == 12) | (i != 255)
-    fc_next = False  # EAGLE-2 depths start with their own fc
-    if not EAGLE3:
-        fc_next = ph == 12
-    if (ph == 0) | ((ph == 12) & tree_next):
-        if fc_next:
-            _prefetch_l2(pid, fcw_ptr, fcw_ptr, fcw_ptr, H, 0, 2 * H, pid * RP_FC, RP_FC, 0, 2 * H, nbytes, sink,
-                         False, ASM, 1024)
-        elif split:
-            _prefetch_split(pid, nprog, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, a_in, RPS_QKV, SPL_QKV, BKS_QKV, nbytes,
-                            sink, True, ASM)
-        else:
-            _prefetch_l2(pid, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, a_in, pid * RP_QKV, RP_QKV, 0, a_in, nbytes, sink,
-                         True, ASM, 1024)
-    elif ph == 5:
-        if split & (i != 255):
-            _prefetch_split(pid, nprog, wo_ptr, wo_ptr, wo_ptr, H, 0, NQ, RPS_O, SPL_O, BKS_O, nbytes, sink, False,
-                            ASM)
-        else:
-            _prefetch_l2(pid, wo_ptr, wo_ptr, wo_ptr, H, 0, NQ, pid * RP_O, RP_O, 0, NQ, nbytes, sink, False, ASM, 1024)
-    elif ph == 7:
-        _prefetch_l2(pid, wg_ptr, wg_ptr, wg_ptr, I, 0, H, pid * RP_GU, RP_GU, 0, H, nbytes // 2, sink, False, ASM,
-                     1024)
-        _prefetch_l2(pid, wu_ptr, wu_ptr, wu_ptr, I, 0, H, pid * RP_GU, RP_GU, 0, H, nbytes // 2, sink, False, ASM,
-                     1024)
-    elif ph == 9:
-        if split & (i != 255):
-            _prefetch_split(pid, nprog, wd_ptr, wd_ptr, wd_ptr, H, 0, I, RPS_D, SPL_D, BKS_D, nbytes, sink, False, ASM)
-        else:
-            _prefetch_l2(pid, wd_ptr, wd_ptr, wd_ptr, H, 0, I, pid * RP_D, RP_D, 0, I, nbytes, sink, False, ASM, 1024)
-    elif ph == 10:
-        _prefetch_l2(pid, lm_ptr, lm_ptr, lm_ptr, V, 0, H, pid * RP_LM, RP_LM, 0, H, nbytes, sink, False, ASM, 1024)
-
-
 # ----------------------------------------------------------------------------------------------
 # grid barrier
 # ----------------------------------------------------------------------------------------------
@@ -1076,10 +986,10 @@ def drafter_kernel(
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
     B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
-    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, PF_BYTES,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
-    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr, PF_ASM: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
     BNS_FC: tl.constexpr, BK_FC: tl.constexpr, BNS_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNS_O: tl.constexpr, BK_O: tl.constexpr, BNS_GU: tl.constexpr, BK_GU: tl.constexpr,
@@ -1215,11 +1125,11 @@ def drafter_kernel(
             else:
                 x_lm = hout_ptr
             if LM_WIDE:
-                _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
+                _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                                 BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM)
             else:
-                _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES)
+                _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
@@ -1236,11 +1146,6 @@ def drafter_kernel(
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
                       out_pos_ptr, out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
-        if PF_ASM != 0:  # warm L2 with the start of the next weight phase's slab (see _prefetch_l2)
-            _prefetch_next(pid, nprog, ph, i, D, sync_ptr + 1, fcw_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr,
-                           wd_ptr, lm_ptr, H, I, V, NQ, NKVD, RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM,
-                           RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, BKS_QKV, BKS_O, BKS_D, PF_BYTES,
-                           EAGLE3, SPLITK, PF_ASM)
         if PERSISTENT:
             _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
             if TIMING:
