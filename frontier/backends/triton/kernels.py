@@ -487,12 +487,13 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                   PASS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_CH: tl.constexpr, IEEE: tl.constexpr):
     """Single-query attention of R rows per sequence (B sequences), split over the grid
-    (flash-decoding with the reference's rounding). Work items: (sequence b, KV head g, part c);
-    parts 0..NCH-1 = contiguous chunks of sequence b's context keys (its cache rows
-    [0, c_b + n_b): the context step wrote the new rows before attention), part NCH =
-    each row's n_anc ancestor slots in the tree scratch (gathered per row: the tree mask is
-    implicit). An item holds every (row, head) query of its sequence's KV group, so each K/V byte
-    is read once for all of that sequence's rows.
+    (flash-decoding with the reference's rounding). Work items: (sequence b, KV head g, part c)
+    with NCH + n_anc parts: parts 0..NCH-1 = contiguous chunks of sequence b's context keys (its
+    cache rows [0, c_b + n_b): the context step wrote the new rows before attention), part
+    NCH + a = each row's a-th ancestor slot in the tree scratch (one gathered key per row: the
+    tree mask is implicit, and a deep tree adds items instead of lengthening one). An item holds
+    every (row, head) query of its sequence's KV group, so each K/V byte is read once for all of
+    that sequence's rows.
     PASS 1: per-part max and sum of exp. PASS 2: global max/sum from all parts, probabilities
     rounded to the compute dtype (as the reference casts softmax's output) times V, per part."""
     DT = qr_ptr.dtype.element_ty
@@ -503,7 +504,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
     qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
-    parts = NCH + 1
+    parts = NCH + n_anc
     for t in range(pid, B * NKV * parts, nprog):
         bg = t // parts
         c = t - bg * parts
@@ -519,14 +520,15 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
         j_lo = c * chunk
         j_hi = tl.minimum(nctx, j_lo + chunk)
         if PASS == 1:
-            m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_Q], tl.float32)
             if c < NCH:
+                m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+                l_i = tl.zeros([BLOCK_Q], tl.float32)
                 m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT, BLOCK_N,
                                       BLOCK_D, IEEE)
-            else:
-                m_i, l_i = _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
-                                       sqrt_d, HD, DT, BLOCK_D)
+            else:  # one key per row: max = its score, sum of exp = 1
+                m_i, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, c - NCH, sqrt_d,
+                                         HD, DT, BLOCK_D)
+                l_i = tl.full([BLOCK_Q], 1.0, tl.float32)
             tl.store(pm_ptr + base + rq, m_i)
             tl.store(pl_ptr + base + rq, l_i)
         else:
@@ -537,13 +539,17 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
             pls = tl.load(pl_ptr + pidx, mask=cm, other=0.0, cache_modifier=".cg")
             m_i = tl.max(pms, axis=0)
             l_i = tl.sum(tl.where(pms == float("-inf"), 0.0, pls * tl.exp(pms - m_i[None, :])), axis=0)
-            acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
             if c < NCH:
+                acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
                 acc = _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT, BLOCK_N,
                               BLOCK_D, IEEE)
             else:
-                acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride,
-                               n_anc, sqrt_d, HD, DT, BLOCK_D)
+                sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, c - NCH, sqrt_d,
+                                        HD, DT, BLOCK_D)
+                pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+                vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
+                             mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+                acc = pa[:, None] * vt
             tl.store(pacc_ptr + (base + rq)[:, None] * BLOCK_D + rd[None, :], acc)
 
 
@@ -585,12 +591,12 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
 
 
 @triton.jit
-def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH,
+def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH, n_anc,
                  BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, SUB_Q: tl.constexpr):
     """Attention output: the sum over parts of the per-part P@V (fp32), rounded to the dtype."""
     DT = ao_ptr.dtype.element_ty
     G = NH // NKV
-    parts = NCH + 1
+    parts = NCH + n_anc
     nsub = BLOCK_Q // SUB_Q
     rs = tl.arange(0, SUB_Q)
     rd = tl.arange(0, BLOCK_D)
@@ -1085,7 +1091,8 @@ def drafter_kernel(
                            anc_ptr, BLOCK_A, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
                            BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE)
         elif ph == 17:  # PH_ATTN3
-            _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH, BLOCK_Q, BLOCK_D, 16)
+            _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH,
+                         tl.where(is_ctx, 0, i + 1), BLOCK_Q, BLOCK_D, 16)
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,

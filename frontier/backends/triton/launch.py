@@ -186,11 +186,12 @@ class Workspace:
         self.nf = e(tr, h)
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
-        # attention parts: per (sequence, KV head) NCH context chunks + 1 tree part, each for
-        # BLOCK_Q queries; B*nkv*(NCH+1) <= max((chunks+1)*B*nkv, grid + nkv) for every B <= batch
+        # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
+        # depth + 1), each for BLOCK_Q queries; with NCH as ``Drafter.attn_chunks`` picks it,
+        # B*nkv*(NCH + depth + 1) <= max((chunks + depth + 1)*B*nkv, grid + nkv*(depth + 2)) for every B <= batch
         self.block_q = _pow2(k * (nh // nkv), 16)
         self.block_d = _pow2(d, 16)
-        parts = max((max(1, attn_chunks) + 1) * batch * nkv, grid + nkv) * self.block_q
+        parts = max((max(1, attn_chunks) + depth + 1) * batch * nkv, grid + nkv * (depth + 2)) * self.block_q
         self.apm = e(parts, dt=torch.float32)
         self.apl = e(parts, dt=torch.float32)
         self.aacc = e(parts, self.block_d, dt=torch.float32)
@@ -268,6 +269,13 @@ class Drafter:
             self.cos, self.sin = cos.contiguous(), sin.contiguous()
         return self.cos, self.sin
 
+    def attn_chunks(self, batch: int) -> int:
+        """Context chunks per (sequence, KV head) of the split attention: together with the
+        deepest step's depth + 1 ancestor parts, about one item per program at batch 1; when
+        batching, at least ``Tuning.attn_chunks`` so the context work spreads evenly."""
+        per = self.grid // (_pow2(batch) * self.cfg.num_key_value_heads) - (self.cfg.depth + 1)
+        return max(1, per, self.tuning.attn_chunks if batch > 1 else 1)
+
     def block_rows(self, batch: int) -> int:
         """Activation rows per tile (BM) for a batch: one tile holds every tree row of the
         batch up to ``Tuning.bm_max`` (16 at batch 1 with top_k <= 16)."""
@@ -333,7 +341,6 @@ class Drafter:
         self.n_steps = len(self.schedule)
         if wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
             ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
-        bb = _pow2(nb)
         longest = max(s.c + s.n for s in seqs)
         cos, sin = self.rope_tables(longest + cfg.depth + 1)
         meta, kv_base, n_rows = self.pack(seqs)
@@ -348,9 +355,7 @@ class Drafter:
         if timing and ws.times.numel() < self.n_steps + 1:
             ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
         nkv_heads = cfg.num_key_value_heads
-        # context chunks per (sequence, KV head): enough items for every program at batch 1; when
-        # batching, at least ``attn_chunks`` so the context work spreads evenly over the grid
-        nch = max(1, self.grid // (bb * nkv_heads) - 1, tn.attn_chunks if nb > 1 else 1)
+        nch = self.attn_chunks(nb)
         args = [
             self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
@@ -397,7 +402,7 @@ class Drafter:
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + 1),
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + cfg.depth + 1),
             BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
