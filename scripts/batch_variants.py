@@ -39,6 +39,8 @@ TUNINGS = {
     "na64": dict(BLOCK_NA=64),
     "ch16": dict(attn_chunks=16),
     "ch8na64": dict(attn_chunks=8, BLOCK_NA=64),
+    "al1": dict(slab_align=1),
+    "al8": dict(slab_align=8),
 }
 
 ap = argparse.ArgumentParser()
