@@ -41,6 +41,7 @@ TUNINGS = {
     "ch8na64": dict(attn_chunks=8, BLOCK_NA=64),
     "al1": dict(slab_align=1),
     "al8": dict(slab_align=8),
+    "na32": dict(BLOCK_NA=32),
 }
 
 ap = argparse.ArgumentParser()

@@ -109,5 +109,5 @@ info = out.stderr
 regs = re.findall(r"Used (\d+) registers", info)
 spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
 stack = re.findall(r"(\d+) bytes stack frame", info)
-print(f"{a.preset} batch {a.batch} {over}: regs {regs} spill stores/loads {spill} stack {stack} "
+print(f"{a.preset} batch {a.batch} {over}: cubin {len(k.asm['cubin'])} B, regs {regs} spill stores/loads {spill} stack {stack} "
       f"shared {k.metadata.shared} warps {opts.get('num_warps')} stages {opts.get('num_stages')}")

@@ -26,6 +26,8 @@ descending value with ties to the lower index, and one integer max or sort ranks
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -65,6 +67,10 @@ META_VOFF = tl.constexpr(4)
 META_MAXLEN = tl.constexpr(5)
 
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
+
+# Cache policy of the weight streams (read once per forward, never reused before the next one):
+# evict_first keeps L2 for what is reused - the kernel's own code, the context K/V, activations.
+W_EVICT = tl.constexpr(os.environ.get("FRONTIER_TRITON_WEIGHT_EVICT", "evict_first"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,7 +132,8 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
     acc = tl.zeros([BNS, BM], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         kk = k0 + rk
-        w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0)
+        w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
+                    eviction_policy=W_EVICT)
         x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
                     other=0.0, cache_modifier=".cg")
         acc = _mma(w, x, acc, IEEE)
@@ -255,8 +262,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             for k0 in range(0, Kd, BK):
                 kk = k0 + rk
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
-                wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
-                wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0)
+                wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
                             other=0.0, cache_modifier=".cg")
                 acc_g = _mma(wg, x, acc_g, IEEE)
@@ -659,9 +666,11 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 km = (kk[None, :] < Kd)
                 x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
                             other=0.0, cache_modifier=".cg")
-                w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0)
+                w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0,
+                             eviction_policy=W_EVICT)
                 if HALVES == 2:
-                    w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0)
+                    w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0,
+                                 eviction_policy=W_EVICT)
                 acc1 = _mma(w1, x, acc1, IEEE)
                 if HALVES == 2:
                     acc2 = _mma(w2, x, acc2, IEEE)

@@ -100,7 +100,7 @@ class Tuning:
     lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
     num_warps: int = 8
     num_stages: int = 3
-    BLOCK_NA: int = 32  # context keys per attention block
+    BLOCK_NA: int = 64  # context keys per attention block (split attention)
     attn_chunks: int = 4  # least context chunks per (sequence, KV head) when batching (split attention)
     fused_attention: bool = True  # big batches: attention as one phase per (sequence, KV head)
     fused_block_n: int = 64  # context keys per block of the fused attention
