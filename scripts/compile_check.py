@@ -1,7 +1,7 @@
 """Compile the drafter kernel for a GPU target on a machine without one, and print its registers,
 spills and shared memory (catches compile errors and spills before any device time is spent).
 
-    python3 scripts/compile_check.py --preset eagle3-llama3.1-8b --batch 1 [--tuning k=v ...]
+    PYTHONPATH=. python3 scripts/compile_check.py --preset eagle3-llama3.1-8b --batch 1 [--tuning k=v ...]
 
 The launch arguments come from the real launcher (``Drafter.run_batch`` on CPU tensors, with the
 kernel launch intercepted); each tensor becomes a pointer of its dtype in the signature.
