@@ -39,7 +39,7 @@ TUNINGS = {
     "na64": dict(BLOCK_NA=64),
     "ch16": dict(attn_chunks=16),
     "ch8na64": dict(attn_chunks=8, BLOCK_NA=64),
-    "al1": dict(slab_align=1),
+    "al16": dict(slab_align=16),
     "al8": dict(slab_align=8),
     "na32": dict(BLOCK_NA=32),
 }

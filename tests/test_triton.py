@@ -322,8 +322,8 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     """Small accumulators force every weight phase through several sub-slabs and the 20 tree
     rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs,
     the wide lm_head (logits scratch, statistics from there), the split-K reductions and the
-    row-tile loops, and slabs of any row count (``slab_align=1``) must give the default tuning's
-    tokens and tree (scores to 1e-5)."""
+    row-tile loops, and slabs of any row count (``slab_align=1``) must give the tokens and tree of
+    16-row-aligned slabs (scores to 1e-5)."""
     from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
     from frontier.cache import DraftCache
 
@@ -334,7 +334,7 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     wide = Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64)
     # (the interpreter's 2-program grid makes every batch use the fused attention; the split
     # attention of small batches on big grids is forced by fused_attention=False)
-    for tn in (Tuning(), Tuning(bm_max=16, acc_elems=256, fused_attention=False, slab_align=1), wide):
+    for tn in (Tuning(slab_align=16), Tuning(bm_max=16, acc_elems=256, fused_attention=False, slab_align=1), wide):
         d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
         calls = []
         for ids, feats in seqs:

@@ -26,8 +26,6 @@ descending value with ties to the lower index, and one integer max or sort ranks
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -69,8 +67,8 @@ META_MAXLEN = tl.constexpr(5)
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
 
 # Cache policy of the weight streams (read once per forward, never reused before the next one):
-# evict_first keeps L2 for what is reused - the kernel's own code, the context K/V, activations.
-W_EVICT = tl.constexpr(os.environ.get("FRONTIER_TRITON_WEIGHT_EVICT", "evict_first"))
+# evict_first leaves L2 to what is reused - the kernel's own code, the context K/V, activations.
+W_EVICT = tl.constexpr("evict_first")
 
 
 # ----------------------------------------------------------------------------------------------
