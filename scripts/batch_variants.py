@@ -42,6 +42,11 @@ TUNINGS = {
     "al16": dict(slab_align=16),
     "al8": dict(slab_align=8),
     "na32": dict(BLOCK_NA=32),
+    "lm32k": dict(lm_stage_bytes=32768),
+    "st16k": dict(stage_bytes=16384),
+    "st64k": dict(stage_bytes=65536),
+    "s2": dict(num_stages=2),
+    "s4lm32k": dict(num_stages=4, lm_stage_bytes=32768),
 }
 
 ap = argparse.ArgumentParser()
