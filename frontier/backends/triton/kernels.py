@@ -634,12 +634,13 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                HALVES: tl.constexpr, ONE_SUB: tl.constexpr):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
-    activation row the slab's max and sum of exp (for the log-softmax) and its top-KP logits as
-    ranking keys. Each program writes only that partial (keys [MR, KP], max [MR], sum [MR]; the
-    top-K ranked, entries K..KP-1 empty) to its slot: the [rows, V] logits never reach memory. The slab is walked in sub-slabs of BNS rows
-    (one at batch 1), each against tiles of BM activation rows; a later sub-slab's results are
-    merged into the program's partial (running max / rescaled sum / top-K), which only this
-    program touches; ONE_SUB (the slab is one sub-slab, as at batch 1) skips that merge. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
+    activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
+    ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
+    empty, max [MR], sum [MR]) to its slot: the [rows, V] logits never reach memory. The slab is
+    walked in sub-slabs of BNS rows (one at batch 1), each against tiles of BM activation rows; a
+    later sub-slab's results are merged into the program's partial (running max / rescaled sum /
+    top-K), which only this program touches; ONE_SUB (the slab is one sub-slab, as at batch 1)
+    compiles that merge out. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
     accumulators, same k-chunks, so the same sums)."""
     DT = x_ptr.dtype.element_ty
     HB: tl.constexpr = BNS // HALVES
@@ -687,16 +688,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             if ONE_SUB:  # the slab is one sub-slab: no partial so far to merge with
                 nmax = tmax
                 nsum = tsum
-                for j in range(K):  # K rounds of the row max: the slab's top-K, ranked
-                    best = tl.max(key1, axis=1)
-                    if HALVES == 2:
-                        best = tl.maximum(best, tl.max(key2, axis=1))
-                    top = tl.where(col == j, best[:, None], top)
-                    key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
-                    if HALVES == 2:
-                        key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
-            else:
-                # the partial so far (nothing before the first sub-slab)
+                old = top
+            else:  # the partial so far (nothing before the first sub-slab)
                 old = tl.load(kslot + rm[:, None] * KP + col, mask=rmask[:, None] & (s0 > 0), other=KEY_NONE)
                 omax = tl.load(mslot + rm, mask=rmask & (s0 > 0), other=float("-inf"))
                 osum = tl.load(sslot + rm, mask=rmask & (s0 > 0), other=0.0)
@@ -704,15 +697,18 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 nsafe = tl.where(nmax == float("-inf"), 0.0, nmax)
                 nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
                     tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
-                for j in range(K):  # K rounds of the row max: the running top-K, ranked
-                    best = tl.maximum(tl.max(key1, axis=1), tl.max(old, axis=1))
-                    if HALVES == 2:
-                        best = tl.maximum(best, tl.max(key2, axis=1))
-                    top = tl.where(col == j, best[:, None], top)
-                    key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+            for j in range(K):  # K rounds of the row max: the (running) top-K, ranked
+                best = tl.max(key1, axis=1)
+                if HALVES == 2:
+                    best = tl.maximum(best, tl.max(key2, axis=1))
+                if not ONE_SUB:
+                    best = tl.maximum(best, tl.max(old, axis=1))
+                top = tl.where(col == j, best[:, None], top)
+                key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+                if HALVES == 2:
+                    key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
+                if not ONE_SUB:
                     old = tl.where(old == best[:, None], KEY_NONE, old)
-                    if HALVES == 2:
-                        key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
             tl.debug_barrier()
             tl.store(kslot + rm[:, None] * KP + col, top, mask=rmask[:, None])
             tl.store(mslot + rm, nmax, mask=rmask)

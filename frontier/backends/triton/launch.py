@@ -80,8 +80,8 @@ class Tuning:
     """Block sizes and launch shape (compile-time constants of the kernel).
 
     Each weight-streaming phase gives every program one slab of ``ceil(N / grid)`` rows (rounded
-    up to ``slab_align``, ``wide_slab_align`` in wide launches), walked in sub-slabs of at most ``acc_elems / BM`` rows (one sub-slab at batch 1);
-    its k-chunk is sized so that one pipeline stage holds about ``stage_bytes`` of weights (and
+    up to ``slab_align``, ``wide_slab_align`` in wide launches), walked in sub-slabs of at most
+    ``acc_elems / BM`` rows (one sub-slab at batch 1); its k-chunk is sized so that one pipeline stage holds about ``stage_bytes`` of weights (and
     at most that much of the activation tile).
     """
 
@@ -192,8 +192,8 @@ class Workspace:
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
         # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
-        # depth + 1), each for BLOCK_Q queries; with NCH as ``Drafter.attn_chunks`` picks it,
-        # B*nkv*(NCH + depth + 1) <= max((chunks + depth + 1)*B*nkv, grid + nkv*(depth + 2)) for every B <= batch
+        # depth + 1), each for BLOCK_Q queries; with NCH as ``Drafter.attn_chunks`` picks it, for
+        # every B <= batch: B*nkv*(NCH + depth + 1) <= max((chunks + depth + 1)*B*nkv, grid + nkv*(depth + 2))
         self.block_q = _pow2(k * (nh // nkv), 16)
         self.block_d = _pow2(d, 16)
         parts = max((max(1, attn_chunks) + depth + 1) * batch * nkv, grid + nkv * (depth + 2)) * self.block_q
