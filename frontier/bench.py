@@ -311,6 +311,17 @@ class BatchCallSetup:
             self.ids.append(ids)
             self.features.append(feats[:, c:].contiguous())  # [1, new_rows, F]; the prefill rows are dropped
 
+    def triton_seqs(self) -> list:
+        """The batch call's sequences as the triton launcher takes them (``SeqCall``s), each cache
+        truncated to its prefill first, as before every timed call."""
+        from .backends.triton.launch import SeqCall
+
+        seqs = []
+        for slot, c, ids, feats in zip(self.cache, self.prefill, self.ids, self.features):
+            slot.truncate(c)
+            seqs.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
+        return seqs
+
     def call(self, backend: str, **options: Any):
         from .batch import frontier_generate_batch
 
@@ -345,16 +356,13 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
 def triton_kernel_only(setup, mode: str = "persistent") -> None:
     """The triton backend's device work alone (no validation, no tree packing): one launch for
     the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
-    from .backends.triton.launch import Drafter, SeqCall
+    from .backends.triton.launch import Drafter
     from .registry import get_backend
 
     be = get_backend("triton")
     d: Drafter = be.drafter(setup.cfg, setup.dtype, torch.device(setup.device))
     if isinstance(setup, BatchCallSetup):
-        seqs = []
-        for slot, c, ids, feats in zip(setup.cache, setup.prefill, setup.ids, setup.features):
-            slot.truncate(c)
-            seqs.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
+        seqs = setup.triton_seqs()
         d.alloc_outputs(len(seqs))
         d.run_batch(setup.weights, seqs, mode)
         return

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+from frontier.backends.triton.launch import Drafter, Tuning
 from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, floor_bytes, phase_totals, time_calls
 
 TUNINGS = {
@@ -72,12 +72,7 @@ for bsz in [int(x) for x in a.batches.split(",")]:
         tn = Tuning(**TUNINGS[name])
         d = Drafter(setup.cfg, torch.bfloat16, dev, tn)
 
-        def seqs():
-            out = []
-            for slot, c, ids, feats in zip(setup.cache, setup.prefill, setup.ids, setup.features):
-                slot.truncate(c)
-                out.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
-            return out
+        seqs = setup.triton_seqs
 
         def go(timing=False):
             d.alloc_outputs(bsz)

@@ -51,10 +51,8 @@ real = K_.drafter_kernel
 K_.drafter_kernel = _Capture()
 try:
     d = L.Drafter(setup.cfg, torch.bfloat16, torch.device("cpu"), tn)
-    seqs = [L.SeqCall(f[0], ids[0, 1 + c:], ids[0, -1:], slot, c, f.shape[1])
-            for slot, c, ids, f in zip(setup.cache, setup.prefill, setup.ids, setup.features)]
     d.alloc_outputs(a.batch)
-    d.run_batch(setup.weights, seqs, "persistent")
+    d.run_batch(setup.weights, setup.triton_seqs(), "persistent")
 finally:
     K_.drafter_kernel = real
 

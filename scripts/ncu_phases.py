@@ -14,7 +14,7 @@ import json
 import torch
 
 from frontier.backends.triton import kernels as K_
-from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+from frontier.backends.triton.launch import Drafter, Tuning
 from frontier.bench import BatchCallSetup, BenchCase
 
 NAMES = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_") and isinstance(v, int)}
@@ -33,17 +33,9 @@ setup = BatchCallSetup(BenchCase(preset=a.preset, depth=a.depth, batch=a.batch),
 d = Drafter(setup.cfg, torch.bfloat16, dev, Tuning())
 
 
-def seqs():
-    out = []
-    for slot, c, ids, feats in zip(setup.cache, setup.prefill, setup.ids, setup.features):
-        slot.truncate(c)
-        out.append(SeqCall(feats[0], ids[0, 1 + c:], ids[0, -1:], slot, c, feats.shape[1]))
-    return out
-
-
 def call(mode, hook=None):
     d.alloc_outputs(a.batch)
-    d.run_batch(setup.weights, seqs(), mode, step_hook=hook)
+    d.run_batch(setup.weights, setup.triton_seqs(), mode, step_hook=hook)
 
 
 call("persistent")
