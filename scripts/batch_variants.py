@@ -47,7 +47,6 @@ TUNINGS = {
     "st64k": dict(stage_bytes=65536),
     "s2": dict(num_stages=2),
     "s4lm32k": dict(num_stages=4, lm_stage_bytes=32768),
-    "msort": dict(merge_sort=True),
 }
 
 ap = argparse.ArgumentParser()

@@ -762,10 +762,9 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
 
 @triton.jit
 def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
-              KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr, SORT: tl.constexpr):
+              KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr):
     """Per row: log-sum-exp from the partials, log-probs of the partial top lists rounded to
-    the compute dtype, and the row's top-K by (log-prob, lower index): SORT ranks the P*KP
-    candidates with one bitonic sort, else K rounds of a block-wide max."""
+    the compute dtype, and the row's top-K by (log-prob, lower index)."""
     rp = tl.arange(0, BLOCK_P)
     pm = rp < P
     rk = tl.arange(0, KP)
@@ -778,17 +777,11 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
         ks = tl.load(keys_ptr + rp[:, None] * MR * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
         lp = ((_key_val(ks) - gmax) - logs).to(DT).to(tl.float32)
         k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp, _key_idx(ks)))
-        if SORT:
-            ranked = tl.sort(tl.reshape(k2, [BLOCK_P * KP]), descending=True)
-            rj = tl.arange(0, BLOCK_P * KP)
-            tl.store(sel_lp_ptr + r * KP + rj, _key_val(ranked), mask=rj < K)
-            tl.store(sel_tok_ptr + r * KP + rj, _key_idx(ranked), mask=rj < K)
-        else:
-            for j in range(K):
-                best = tl.max(tl.max(k2, axis=1), axis=0)
-                tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
-                tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
-                k2 = tl.where(k2 == best, KEY_NONE, k2)
+        for j in range(K):
+            best = tl.max(tl.max(k2, axis=1), axis=0)
+            tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
+            tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
+            k2 = tl.where(k2 == best, KEY_NONE, k2)
 
 
 @triton.jit
@@ -881,10 +874,11 @@ def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_p
     cm = rc < C
     cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0, cache_modifier=".cg")
     keys = tl.where(cm, _key(cs, rc), KEY_NONE)
-    # the (T-1)-th largest key is the selection threshold (one bitonic sort instead of T-1 rounds
-    # of a block-wide max; keys are distinct, and with fewer than T-1 candidates it is KEY_NONE)
-    ranked = tl.sort(keys, descending=True)
-    thr = tl.max(tl.where(rc == T - 2, ranked, KEY_NONE), axis=0)
+    rest = keys
+    thr = tl.max(rest, axis=0)
+    for _j in range(T - 1):  # the (T-1)-th largest key is the selection threshold
+        thr = tl.max(rest, axis=0)
+        rest = tl.where(rest == thr, KEY_NONE, rest)
     chosen = (keys >= thr) & cm
     ch = chosen.to(tl.int32)
     incl = tl.cumsum(ch, axis=0)
@@ -1004,7 +998,7 @@ def drafter_kernel(
     RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
-    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr, MERGE_SORT: tl.constexpr,
+    PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
     BM: tl.constexpr, KP: tl.constexpr,
     BNS_FC: tl.constexpr, BK_FC: tl.constexpr, BNS_QKV: tl.constexpr, BK_QKV: tl.constexpr,
     BNS_O: tl.constexpr, BK_O: tl.constexpr, BNS_GU: tl.constexpr, BK_GU: tl.constexpr,
@@ -1148,7 +1142,7 @@ def drafter_kernel(
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
-                      KP, BLOCK_P, DT, MERGE_SORT)
+                      KP, BLOCK_P, DT)
         elif ph == 14:  # PH_SELECT
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,

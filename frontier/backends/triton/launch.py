@@ -108,7 +108,6 @@ class Tuning:
     fused_attention: bool = True  # big batches: attention as one phase per (sequence, KV head)
     fused_block_n: int = 64  # context keys per block of the fused attention
     lm_halves: int = 1  # 2: stream each lm_head sub-slab as two half-height tiles per stage
-    merge_sort: bool = False  # MERGE ranks each row's candidates with one bitonic sort (else K max rounds)
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
 
 
@@ -402,7 +401,7 @@ class Drafter:
         args[self._PART_ARG] = ws.part if wide else dummy
         args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d]
         const = dict(
-            EAGLE3=eagle3, HAS_D2T=has_d2t, MERGE_SORT=tn.merge_sort, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
+            EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
             BM=bm, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
