@@ -31,7 +31,8 @@ a = ap.parse_args()
 over = {}
 for kv in a.tuning:
     k, v = kv.split("=")
-    over[k] = type(getattr(L.Tuning(), k) if getattr(L.Tuning(), k) is not None else 0)(v)
+    cur = getattr(L.Tuning(), k)
+    over[k] = v.lower() in ("1", "true") if isinstance(cur, bool) else type(cur if cur is not None else 0)(v)
 tn = L.Tuning(grid=a.grid, **over)
 setup = BatchCallSetup(BenchCase(preset=a.preset, depth=a.depth, batch=a.batch, context=64), device=torch.device("cpu"),
                        dtype=torch.bfloat16)
