@@ -7,7 +7,7 @@ nvidia-smi -L
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: $NCU"
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout ${TEST_T:-260} python3 -m pytest -q -m gpu tests/ 2>&1 | tail -6 | tee $OUT/pytest_gpu.log
+  timeout ${TEST_T:-330} python3 -m pytest -q -m gpu tests/ 2>&1 | tail -6 | tee $OUT/pytest_gpu.log
 fi
 for B in ${NCU_BATCHES:-1 16}; do
   timeout ${NCU_T:-140} $NCU --profile-from-start off --clock-control none --csv --page details \
