@@ -139,6 +139,23 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
 
 
 @triton.jit
+def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr, BNS: tl.constexpr):
+    """Sub-slab s0 of weight slab ``slab`` (RP rows each): its global rows rr [BNS], their mask,
+    and each row's weight pointer. QKV: the row space is [W; W2; W3] (N + 2*N2 rows), so a row
+    points into whichever matrix holds it - no repacking."""
+    rp = s0 + tl.arange(0, BNS)
+    rr = slab * RP + rp
+    if QKV:
+        rmask = (rp < RP) & (rr < N + 2 * N2)
+        wrow = tl.where(rr < N, w_ptr + rr * Kd,
+                        tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
+    else:
+        rmask = (rp < RP) & (rr < N)
+        wrow = w_ptr + rr * Kd
+    return rr, rmask, wrow
+
+
+@triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
@@ -151,20 +168,9 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
     MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
     4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
     DT = y_ptr.dtype.element_ty
-    if MODE == 4:
-        NT = N + 2 * N2
-    else:
-        NT = N
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rp = s0 + tl.arange(0, BNS)
-        rr = pid * RP + rp
-        rmask = (rp < RP) & (rr < NT)
-        if MODE == 4:
-            wrow = tl.where(rr < N, w_ptr + rr * Kd,
-                            tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
-        else:
-            wrow = w_ptr + rr * Kd
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, 0, Kd, BNS, BM, BK, IEEE)
@@ -202,14 +208,7 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
         k_hi = tl.minimum(Kd, k_lo + kch)
         rbm = tl.arange(0, BM)
         for s0 in range(0, RP, BNS):
-            rp = s0 + tl.arange(0, BNS)
-            rr = r * RP + rp
-            rmask = (rp < RP) & (rr < NT)
-            if QKV:
-                wrow = tl.where(rr < N, w_ptr + rr * Kd,
-                                tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
-            else:
-                wrow = w_ptr + rr * Kd
+            rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS)
             for m0 in range(0, M, BM):
                 rm = m0 + rbm
                 acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi, BNS, BM, BK, IEEE)
@@ -250,9 +249,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
     rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rp = s0 + tl.arange(0, BNS)
-        rr = pid * RP + rp
-        rmask = (rp < RP) & (rr < N)
+        rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
@@ -260,7 +257,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             for k0 in range(0, Kd, BK):
                 kk = k0 + rk
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
-                wg = tl.load(wg_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
                             other=0.0, cache_modifier=".cg")
@@ -486,6 +483,26 @@ def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qm
 
 
 @triton.jit
+def _attn_item(b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD,
+               BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One attention item's inputs: sequence b's context (``_seq_cache``), its rows' ancestor
+    slots, and the BLOCK_Q queries of KV head g (query lane = row * G + head within the group, G
+    = NH / NKV; lanes past R rows are masked) with their element offsets in qr (and ao)."""
+    G = NH // NKV
+    rq = tl.arange(0, BLOCK_Q)
+    r_of = rq // G
+    hl = rq - r_of * G
+    qmask = r_of < R
+    rd = tl.arange(0, BLOCK_D)
+    nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
+    anc_b = anc_ptr + b * R * anc_stride
+    qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
+    q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & (rd < HD)[None, :], other=0.0,
+                cache_modifier=".cg")
+    return nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask
+
+
+@triton.jit
 def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                   tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
                   pm_ptr, pl_ptr, pacc_ptr, NCH,
@@ -502,11 +519,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
     PASS 1: per-part max and sum of exp. PASS 2: global max/sum from all parts, probabilities
     rounded to the compute dtype (as the reference casts softmax's output) times V, per part."""
     DT = qr_ptr.dtype.element_ty
-    G = NH // NKV
     rq = tl.arange(0, BLOCK_Q)
-    r_of = rq // G
-    hl = rq - r_of * G
-    qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
     parts = NCH + n_anc
@@ -515,12 +528,9 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
         c = t - bg * parts
         b = bg // NKV
         g = bg - b * NKV
-        nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
-        anc_b = anc_ptr + b * R * anc_stride
+        nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask = _attn_item(
+            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D)
         chunk = tl.cdiv(nctx, NCH)
-        qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
-        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
-                    cache_modifier=".cg")
         base = (bg * parts + c) * BLOCK_Q
         j_lo = c * chunk
         j_hi = tl.minimum(nctx, j_lo + chunk)
@@ -567,21 +577,13 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
     probabilities rounded to the compute dtype times V - plus the rows' ancestor slots, and
     writes the attention output rows itself (no partials, no extra barriers)."""
     DT = qr_ptr.dtype.element_ty
-    G = NH // NKV
-    rq = tl.arange(0, BLOCK_Q)
-    r_of = rq // G
-    hl = rq - r_of * G
-    qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
     for bg in range(pid, B * NKV, nprog):
         b = bg // NKV
         g = bg - b * NKV
-        nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
-        anc_b = anc_ptr + b * R * anc_stride
-        qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
-        q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & dm[None, :], other=0.0,
-                    cache_modifier=".cg")
+        nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask = _attn_item(
+            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
@@ -729,12 +731,10 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     DT = x_ptr.dtype.element_ty
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rp = s0 + tl.arange(0, BNS)
-        rr = pid * RP + rp
-        rmask = (rp < RP) & (rr < V)
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
-            acc = _stream_tile(w_ptr + rr * Kd, rmask, x_ptr, Kd, rm, M, 0, Kd, BNS, BM, BK, IEEE)
+            acc = _stream_tile(wrow, rmask, x_ptr, Kd, rm, M, 0, Kd, BNS, BM, BK, IEEE)
             tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
     tl.debug_barrier()
     rc = tl.arange(0, BNP)
