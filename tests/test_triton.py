@@ -166,15 +166,21 @@ def test_gpu_fp32_modes_match_torch_ref(arch, over, sampling, mode):
     _assert_same(ref, tri, cfg)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
-def test_gpu_fp32_medium_head_matches(seed, arch):
+def _medium_config(arch):
+    """The GPU tests' medium head: H 256, 8 heads / 2 KV heads, K 10, depth 5, T 60 (EAGLE-3 with
+    a d2t map onto a 3000-token target vocabulary)."""
     over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
                 vocab_size=1000, total_token=60, depth=5, top_k=10)
     if arch == "eagle3":
         over["target_vocab_size"] = 3000
-    cfg = random_config(architecture=arch, **over)
+    return random_config(architecture=arch, **over)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_fp32_medium_head_matches(seed, arch):
+    cfg = _medium_config(arch)
     w = random_weights(cfg, seed=seed, device="cuda", lm_head_scale=6.0)
     ids, feats = random_inputs(cfg, context=70, seed=seed + 100)
     ref = _sequence(cfg, w, ids, feats, "torch_ref", [64, 5, 1], seed % 2 == 1, device="cuda")
@@ -369,11 +375,7 @@ def build_schedule_codes(cfg, split):
 @pytest.mark.parametrize("mode", ["persistent", "steps"])
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
 def test_gpu_batch_matches_torch_ref(arch, mode):
-    over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
-                vocab_size=1000, total_token=60, depth=5, top_k=10)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 3000
-    cfg = random_config(architecture=arch, **over)
+    cfg = _medium_config(arch)
     w = random_weights(cfg, seed=51, device="cuda", lm_head_scale=6.0)
     seqs, g = _ragged(cfg, 52, batch=7, lo=20, hi=70)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
@@ -385,11 +387,7 @@ def test_gpu_graph_mode_matches_persistent(arch):
     """mode='graph' replays the step launches as a CUDA graph: the same trees as the persistent
     launch over call sequences (new shapes capture new graphs, repeated shapes replay), single
     sequences and a batch, and returned tensors are not overwritten by the next call."""
-    over = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=704,
-                vocab_size=1000, total_token=60, depth=5, top_k=10)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 3000
-    cfg = random_config(architecture=arch, **over)
+    cfg = _medium_config(arch)
     w = random_weights(cfg, seed=61, device="cuda", lm_head_scale=6.0)
     ids, feats = random_inputs(cfg, context=70, seed=62)
     chunks = [64, 3, 1, 1, 1]  # the repeated 1-row calls replay one graph
