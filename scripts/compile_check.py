@@ -26,6 +26,7 @@ ap.add_argument("--batch", type=int, default=1)
 ap.add_argument("--arch", type=int, default=90)
 ap.add_argument("--grid", type=int, default=132)
 ap.add_argument("--tuning", nargs="*", default=[], help="Tuning field=value overrides")
+ap.add_argument("--ptx", default=None, help="also write the PTX here (e.g. to count vector loads)")
 a = ap.parse_args()
 
 over = {}
@@ -100,6 +101,8 @@ arch = f"sm_{a.arch}a" if a.arch >= 90 else f"sm_{a.arch}"
 with tempfile.TemporaryDirectory() as tmp:
     ptx = os.path.join(tmp, "k.ptx")
     open(ptx, "w").write(k.asm["ptx"])
+    if a.ptx:
+        open(a.ptx, "w").write(k.asm["ptx"])
     pt = get_ptxas(a.arch)
     exe = pt.path if hasattr(pt, "path") else pt[0]
     out = subprocess.run([exe, "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(tmp, "k.cubin")],

@@ -139,16 +139,21 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
 
 
 @triton.jit
-def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr, BNS: tl.constexpr):
+def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr, BNS: tl.constexpr,
+               VEC: tl.constexpr):
     """Sub-slab s0 of weight slab ``slab`` (RP rows each): its global rows rr [BNS], their mask,
     and each row's weight pointer. QKV: the row space is [W; W2; W3] (N + 2*N2 rows), so a row
-    points into whichever matrix holds it - no repacking."""
+    points into whichever matrix holds it - no repacking. The select loses Triton's alignment
+    facts (its loads would be 2-byte scalars, not pipelined), so with VEC > 1 (the launcher
+    proved every row 16-byte aligned) the rows are declared aligned again."""
     rp = s0 + tl.arange(0, BNS)
     rr = slab * RP + rp
     if QKV:
         rmask = (rp < RP) & (rr < N + 2 * N2)
         wrow = tl.where(rr < N, w_ptr + rr * Kd,
                         tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
+        if VEC > 1:
+            wrow = tl.multiple_of(wrow, 16)
     else:
         rmask = (rp < RP) & (rr < N)
         wrow = w_ptr + rr * Kd
@@ -158,7 +163,8 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
-               MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+               MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+               VEC: tl.constexpr = 1):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
     sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
@@ -170,7 +176,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
     DT = y_ptr.dtype.element_ty
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS)
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, 0, Kd, BNS, BM, BK, IEEE)
@@ -189,7 +195,8 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
 
 @triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
-                     QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+                     QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                     VEC: tl.constexpr = 1):
     """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
     slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
     SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
@@ -208,7 +215,7 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
         k_hi = tl.minimum(Kd, k_lo + kch)
         rbm = tl.arange(0, BM)
         for s0 in range(0, RP, BNS):
-            rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS)
+            rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS, VEC)
             for m0 in range(0, M, BM):
                 rm = m0 + rbm
                 acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi, BNS, BM, BK, IEEE)
@@ -249,7 +256,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
     rk = tl.arange(0, BK)
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS)
+        rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS, 1)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
@@ -334,7 +341,7 @@ def _rotary_heads(row_ptr, pos, cos_ptr, sin_ptr, NR, HD, DT: tl.constexpr, BLOC
 @triton.jit
 def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
                  cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_H: tl.constexpr):
+                 BLOCK_H: tl.constexpr, VEC: tl.constexpr = 1):
     """Context step, the N packed new rows of all sequences, one row (all heads) per item. Row m
     belongs to sequence b = row_seq[m] at context position c_b + j: its rotated k heads and its
     v heads go to cache b's row c_b + j (the cache's own base offset and length from the
@@ -353,9 +360,9 @@ def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr
         y = _rotary_heads(row, c_b + j, cos_ptr, sin_ptr, NH + NKV, HD, DT, BLOCK_R, BLOCK_D)  # [q heads; k heads]
         kvrow = (c_b + j) * HD + (rh - NH) * tl.load(mb + META_MAXLEN) * HD + rd
         kmask = (rh >= NH) & (rh < NH + NKV) & (rd < HD)
-        tl.store(kv_ptr + tl.load(mb + META_KOFF) + kvrow, y, mask=kmask)
+        tl.store(kv_ptr + _kv_off(mb, META_KOFF, VEC) + kvrow, y, mask=kmask)
         v = tl.load(row + (rh + NKV) * HD + rd, mask=kmask, other=0.0, cache_modifier=".cg")
-        tl.store(kv_ptr + tl.load(mb + META_VOFF) + kvrow, v, mask=kmask)
+        tl.store(kv_ptr + _kv_off(mb, META_VOFF, VEC) + kvrow, v, mask=kmask)
         if j == tl.load(mb + META_N) - 1:
             tl.store(qr_ptr + b * NH * HD + rh * HD + rd, y, mask=(rh < NH) & (rd < HD))
             rhh = tl.arange(0, BLOCK_H)
@@ -419,13 +426,24 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
 
 
 @triton.jit
-def _seq_cache(meta_ptr, b, kv_ptr, HD):
+def _kv_off(mb, field, VEC: tl.constexpr):
+    """A cache's K or V element offset from the metadata row ``mb``. Loaded values carry no
+    alignment facts (the cache loads would be 2-byte scalars); with VEC > 1 the launcher proved
+    every offset a multiple of VEC elements (16 bytes)."""
+    off = tl.load(mb + field)
+    if VEC > 1:
+        off = tl.multiple_of(off, VEC)
+    return off
+
+
+@triton.jit
+def _seq_cache(meta_ptr, b, kv_ptr, HD, VEC: tl.constexpr):
     """Sequence b's attention context: its length (cached + new rows), the per-KV-head stride of
     its cache, and its K and V base pointers."""
     mb = meta_ptr + b * META_W
     nctx = tl.load(mb + META_C) + tl.load(mb + META_N)
-    return (nctx, tl.load(mb + META_MAXLEN) * HD, kv_ptr + tl.load(mb + META_KOFF),
-            kv_ptr + tl.load(mb + META_VOFF))
+    return (nctx, tl.load(mb + META_MAXLEN) * HD, kv_ptr + _kv_off(mb, META_KOFF, VEC),
+            kv_ptr + _kv_off(mb, META_VOFF, VEC))
 
 
 @triton.jit
@@ -484,7 +502,7 @@ def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qm
 
 @triton.jit
 def _attn_item(b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD,
-               BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+               BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr):
     """One attention item's inputs: sequence b's context (``_seq_cache``), its rows' ancestor
     slots, and the BLOCK_Q queries of KV head g (query lane = row * G + head within the group, G
     = NH / NKV; lanes past R rows are masked) with their element offsets in qr (and ao)."""
@@ -494,7 +512,7 @@ def _attn_item(b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, 
     hl = rq - r_of * G
     qmask = r_of < R
     rd = tl.arange(0, BLOCK_D)
-    nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD)
+    nctx, c_head_stride, ck_ptr, cv_ptr = _seq_cache(meta_ptr, b, kv_ptr, HD, VEC)
     anc_b = anc_ptr + b * R * anc_stride
     qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
     q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & (rd < HD)[None, :], other=0.0,
@@ -507,7 +525,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                   tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d,
                   pm_ptr, pl_ptr, pacc_ptr, NCH,
                   PASS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_CH: tl.constexpr, IEEE: tl.constexpr):
+                  BLOCK_CH: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr = 1):
     """Single-query attention of R rows per sequence (B sequences), split over the grid
     (flash-decoding with the reference's rounding). Work items: (sequence b, KV head g, part c)
     with NCH + n_anc parts: parts 0..NCH-1 = contiguous chunks of sequence b's context keys (its
@@ -529,7 +547,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
         b = bg // NKV
         g = bg - b * NKV
         nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask = _attn_item(
-            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D)
+            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D, VEC)
         chunk = tl.cdiv(nctx, NCH)
         base = (bg * parts + c) * BLOCK_Q
         j_lo = c * chunk
@@ -571,7 +589,8 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
 @triton.jit
 def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride,
                    n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
-                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                   VEC: tl.constexpr = 1):
     """Attention in one phase (big batches, where B*NKV items already fill the grid): item
     (sequence b, KV head g) walks its whole context twice - max and sum of exp, then the
     probabilities rounded to the compute dtype times V - plus the rows' ancestor slots, and
@@ -583,7 +602,7 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
         b = bg // NKV
         g = bg - b * NKV
         nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask = _attn_item(
-            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D)
+            b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D, VEC)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
@@ -731,7 +750,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     DT = x_ptr.dtype.element_ty
     rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
-        rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS)
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS, 1)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc = _stream_tile(wrow, rmask, x_ptr, Kd, rm, M, 0, Kd, BNS, BM, BK, IEEE)
@@ -1008,11 +1027,14 @@ def drafter_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
+    VEC: tl.constexpr = 1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
     sequence); after attention one row per sequence. Tree rows: B*K, sequence b's at b*K.
-    Every weight-streaming phase runs over all rows of all sequences together."""
+    Every weight-streaming phase runs over all rows of all sequences together.
+    VEC > 1: the launcher proved the QKV weight rows and every cache's K/V offset 16-byte
+    aligned (VEC elements), so the loads that Triton cannot prove aligned itself are declared so."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1067,14 +1089,14 @@ def drafter_kernel(
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
-                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H)
+                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
                               cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D)
@@ -1084,15 +1106,15 @@ def drafter_kernel(
             if ph == 6:
                 _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
                               tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
-                              apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC)
             else:
                 _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
                               tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
-                              apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE)
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC)
         elif ph == 21:  # PH_ATTN_F
             _ph_attn_fused(pid, nprog, B, tl.where(is_ctx, 1, K), meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, B * SK * HD,
                            anc_ptr, BLOCK_A, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
-                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE)
+                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE, VEC)
         elif ph == 17:  # PH_ATTN3
             _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH,
                          tl.where(is_ctx, 0, i + 1), BLOCK_Q, BLOCK_D, 16)
