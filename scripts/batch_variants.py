@@ -47,6 +47,9 @@ TUNINGS = {
     "st64k": dict(stage_bytes=65536),
     "s2": dict(num_stages=2),
     "s4lm32k": dict(num_stages=4, lm_stage_bytes=32768),
+    "novw": dict(vec_w=False),
+    "novkv": dict(vec_kv=False),
+    "novec": dict(vec_w=False, vec_kv=False),
 }
 
 ap = argparse.ArgumentParser()

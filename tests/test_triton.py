@@ -405,7 +405,8 @@ def test_gpu_graph_mode_matches_persistent(arch):
 def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     """The kernel declares the QKV weight rows and the caches' K/V offsets 16-byte aligned (vector
     loads) only when ``Drafter.vec16`` proves it: an aligned head and cache give 16 bytes' worth of
-    elements, a cache view one element off, or a head_dim whose rows are not 16-byte multiples, give 1."""
+    elements, a cache view one element off, or a head_dim whose rows are not 16-byte multiples, give 1
+    for the cache."""
     from frontier.backends.triton.launch import Drafter, SeqCall
     from frontier.cache import DraftCache
 
@@ -418,10 +419,10 @@ def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
 
     cfg = random_config()  # head_dim 8
     fresh = DraftCache.fresh(cfg, context_length=8, dtype=dtype, device="cpu")
-    assert vec(cfg, fresh) == 16 // el
+    assert vec(cfg, fresh) == dict(VEC_W=16 // el, VEC_KV=16 // el)
     big_k = torch.zeros(1 + fresh.k.numel(), dtype=dtype)
     big_v = torch.zeros_like(big_k)
     shifted = DraftCache.from_tensors(big_k[1:].view(fresh.k.shape), big_v[1:].view(fresh.k.shape))
-    assert vec(cfg, shifted) == 1
+    assert vec(cfg, shifted) == dict(VEC_W=16 // el, VEC_KV=1)
     odd = random_config(hidden_size=8, num_attention_heads=4, num_key_value_heads=2)  # head_dim 2: 4 or 8 bytes
-    assert vec(odd, DraftCache.fresh(odd, context_length=8, dtype=dtype, device="cpu")) == 1
+    assert vec(odd, DraftCache.fresh(odd, context_length=8, dtype=dtype, device="cpu"))["VEC_KV"] == 1

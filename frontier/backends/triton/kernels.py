@@ -1027,14 +1027,14 @@ def drafter_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-    VEC: tl.constexpr = 1,
+    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
     sequence); after attention one row per sequence. Tree rows: B*K, sequence b's at b*K.
     Every weight-streaming phase runs over all rows of all sequences together.
-    VEC > 1: the launcher proved the QKV weight rows and every cache's K/V offset 16-byte
-    aligned (VEC elements), so the loads that Triton cannot prove aligned itself are declared so."""
+    VEC_W / VEC_KV > 1: the launcher proved the QKV weight rows / every cache's K/V offset 16-byte
+    aligned (that many elements), so loads that Triton cannot prove aligned itself are declared so."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1089,14 +1089,14 @@ def drafter_kernel(
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC_W)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
-                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC)
+                             cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC_KV)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
                               cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D)
@@ -1106,15 +1106,15 @@ def drafter_kernel(
             if ph == 6:
                 _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
                               tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
-                              apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC)
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 1, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC_KV)
             else:
                 _ph_attn_part(pid, nprog, B, r_att, meta_ptr, qr_ptr, kv_ptr,
                               tk_ptr, tv_ptr, B * SK * HD, anc_ptr, BLOCK_A, n_anc, NH, NKV, HD, sqrt_d,
-                              apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC)
+                              apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC_KV)
         elif ph == 21:  # PH_ATTN_F
             _ph_attn_fused(pid, nprog, B, tl.where(is_ctx, 1, K), meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, B * SK * HD,
                            anc_ptr, BLOCK_A, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
-                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE, VEC)
+                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE, VEC_KV)
         elif ph == 17:  # PH_ATTN3
             _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH,
                          tl.where(is_ctx, 0, i + 1), BLOCK_Q, BLOCK_D, 16)

@@ -109,6 +109,8 @@ class Tuning:
     fused_block_n: int = 64  # context keys per block of the fused attention
     lm_halves: int = 1  # 2: stream each lm_head sub-slab as two half-height tiles per stage
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
+    vec_w: bool = True  # declare the QKV weight rows 16-byte aligned when proven (Drafter.vec16)
+    vec_kv: bool = True  # the same for the caches' K/V offsets
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -401,7 +403,7 @@ class Drafter:
         args[self._PART_ARG] = ws.part if wide else dummy
         args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d]
         const = dict(
-            VEC=self.vec16(lw, seqs),
+            **self.vec16(lw, seqs),
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
             BM=bm, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -442,17 +444,22 @@ class Drafter:
             raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         return ws
 
-    def vec16(self, lw, seqs: list[SeqCall]) -> int:
-        """Elements per 16 bytes when the QKV weight rows and every cache's K/V rows and offsets
-        are 16-byte aligned (the kernel then declares those loads aligned: vector loads instead
-        of 2-byte scalars), else 1. Always true for contiguous real heads; odd test sizes may not be."""
+    def vec16(self, lw, seqs: list[SeqCall]) -> dict:
+        """The kernel's VEC_W / VEC_KV: elements per 16 bytes when the QKV weight rows / every
+        cache's K/V rows and offsets are proven 16-byte aligned (the kernel then declares those
+        loads aligned: vector loads in the cp.async pipeline instead of 2-byte scalars), else 1.
+        True for contiguous real heads; odd test sizes may not be. ``Tuning.vec_w`` /
+        ``Tuning.vec_kv`` turn the declarations off (to measure them)."""
         el = self.dtype.itemsize
-        cfg = self.cfg
+        cfg, tn = self.cfg, self.tuning
         k_in = (2 * cfg.hidden_size) if cfg.architecture == "eagle3" else cfg.hidden_size
-        tens = [lw.q_proj, lw.k_proj, lw.v_proj] + [t for s in seqs for t in (s.cache.k[0], s.cache.v[0])]
-        rows_ok = (k_in * el) % 16 == 0 and (cfg.head_dim * el) % 16 == 0
-        ok = rows_ok and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in tens)
-        return 16 // el if ok else 1
+
+        def aligned(tens, row_elems):
+            return (row_elems * el) % 16 == 0 and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in tens)
+
+        w_ok = tn.vec_w and aligned([lw.q_proj, lw.k_proj, lw.v_proj], k_in)
+        kv_ok = tn.vec_kv and aligned([t for s in seqs for t in (s.cache.k[0], s.cache.v[0])], cfg.head_dim)
+        return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
 
