@@ -362,6 +362,35 @@ def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
     assert calls == [("triton", None)] and set(row.results) == {"triton"}
 
 
+def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch):
+    """kernel_only adds 'triton launch' (one launch, the GPU idle while the host prepares it) and
+    'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True))."""
+    import frontier.bench as bench
+
+    case = tiny_case(batch=1, context=8, new_rows=2)
+    timed = []
+
+    class FakeSetup:
+        def __init__(self, case, **kw):
+            self.cfg, self.weights = case.config(), case.head.weights
+
+        def call(self, backend, **options):
+            return backend
+
+    def fake_time_calls(fn, *, warmup=5, reps=50, device_only=False):
+        timed.append((fn(), device_only))
+        return 2.0 if device_only else 3.0
+
+    monkeypatch.setattr(bench, "CallSetup", FakeSetup)
+    monkeypatch.setattr(bench, "time_calls", fake_time_calls)
+    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup: "launch")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12)
+    assert timed == [("triton", False), ("launch", False), ("launch", True)]
+    assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0}
+
+
 def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():
     """The in-kernel breakdown: per schedule entry the median over runs (us), summed per phase
     name in ms, context-step phases apart."""
