@@ -807,15 +807,12 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
 def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
                IS_CTX: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
-               DT: tl.constexpr, BLOCK_KK: tl.constexpr):
+               DT: tl.constexpr):
     """One program per sequence b (its K frontier rows b*K.., its C candidates, its RPW
     row-parent entries). Context step: the root's top-K (row b of the lm_head output) become
     candidates 0..K-1 and the depth-0 frontier, whose hidden source is row b. Depth i:
     cumulative scores of the K*K children, their candidate entries, and the top-K prune into
-    the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...).
-    The prune ranks at once: a child's place is the number of children whose 64-bit key (score,
-    then lower index) is larger - one [K*K, K*K] comparison and a row sum instead of K rounds of
-    block-wide maxima - and each of the K best writes its own frontier row."""
+    the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...)."""
     rr = tl.arange(0, BLOCK_K)
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
@@ -840,46 +837,46 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(fr_pick_ptr + fb + rr, rr.to(tl.int64), mask=rmask)
             tl.store(anc_ptr + (fb + rr) * BLOCK_A, b * SK + rr, mask=rmask)
         else:
-            rc = tl.arange(0, BLOCK_KK)  # child c = parent row pr * K + its j-th token
-            valid = rc < K * K
-            pr = rc // K
-            jc = rc - pr * K
-            lp = tl.load(sel_lp_ptr + (fb + pr) * KP + jc, mask=valid, other=0.0, cache_modifier=".cg")
-            tokd = tl.load(sel_tok_ptr + (fb + pr) * KP + jc, mask=valid, other=0, cache_modifier=".cg")
+            jj = tl.arange(0, BLOCK_K)
+            valid = rmask[:, None] & (jj < K)[None, :]
+            lp = tl.load(sel_lp_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0.0, cache_modifier=".cg")
+            tokd = tl.load(sel_tok_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0, cache_modifier=".cg")
             tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
             tok = tokd
             if HAS_D2T:
                 tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
-            score = tl.load(fr_score_ptr + fb + pr, mask=valid, other=0.0, cache_modifier=".cg")
+            score = tl.load(fr_score_ptr + fb + rr, mask=rmask, other=0.0, cache_modifier=".cg")
             pick_old = tl.load(fr_pick_ptr + fb + rr, mask=rmask, other=0, cache_modifier=".cg")
-            cs = (score + lp).to(DT).to(tl.float32)
+            cs = (score[:, None] + lp).to(DT).to(tl.float32)
+            flat = rr[:, None] * K + jj[None, :]
             base = K + i * K * K
-            tl.store(cand_s + base + rc, cs, mask=valid)
-            tl.store(cand_t + base + rc, tok, mask=valid)
+            tl.store(cand_s + base + flat, cs, mask=valid)
+            tl.store(cand_t + base + flat, tok, mask=valid)
             offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
             tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
-            keys = tl.where(valid, _key(cs, rc), KEY_NONE)
-            # a child's place: how many children have a larger key (keys are distinct), counted
-            # against the candidate entries just written, 16 at a time
-            tl.debug_barrier()
-            ro = tl.arange(0, 16)
-            rank = tl.zeros([BLOCK_KK], tl.int32)
-            for o0 in range(0, K * K, 16):
-                oc = o0 + ro
-                ocs = tl.load(cand_s + base + oc, mask=oc < K * K, other=0.0, cache_modifier=".cg")
-                okey = tl.where(oc < K * K, _key(ocs, oc), KEY_NONE)
-                rank += tl.sum((okey[None, :] > keys[:, None]).to(tl.int32), axis=1)
-            win = valid & (rank < K)
-            old = tl.load(anc_ptr + (fb + pr)[:, None] * BLOCK_A + ra[None, :], mask=win[:, None] & (ra <= i)[None, :],
+            keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+            npick = tl.zeros([BLOCK_K], tl.int32)
+            nscore = tl.zeros([BLOCK_K], tl.float32)
+            ntok = tl.zeros([BLOCK_K], tl.int64)
+            for j in range(K):
+                best = tl.max(tl.max(keys, axis=1), axis=0)
+                f = _key_idx(best).to(tl.int32)
+                hit = keys == best
+                npick = tl.where(rr == j, f, npick)
+                nscore = tl.where(rr == j, _key_val(best), nscore)
+                ntok = tl.where(rr == j, tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0), ntok)
+                keys = tl.where(hit, KEY_NONE, keys)
+            prow = npick // K
+            prow = tl.minimum(tl.maximum(prow, 0), K - 1)
+            old = tl.load(anc_ptr + (fb + prow)[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :],
                           other=0, cache_modifier=".cg")
-            tl.debug_barrier()  # every read of this sequence's frontier rows precedes the writes
-            row = fb + rank
-            new = tl.where((ra == i + 1)[None, :], (b * SK + (i + 1) * K + rank)[:, None], old)
-            tl.store(anc_ptr + row[:, None] * BLOCK_A + ra[None, :], new, mask=win[:, None] & (ra <= i + 1)[None, :])
-            tl.store(fr_score_ptr + row, cs, mask=win)
-            tl.store(fr_tok_ptr + row, tok, mask=win)
-            tl.store(fr_src_ptr + row, fb + pr, mask=win)
-            tl.store(fr_pick_ptr + row, rc.to(tl.int64), mask=win)
+            tl.debug_barrier()
+            new = tl.where((ra == i + 1)[None, :], (b * SK + (i + 1) * K + rr)[:, None], old)
+            tl.store(anc_ptr + (fb + rr)[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
+            tl.store(fr_score_ptr + fb + rr, nscore, mask=rmask)
+            tl.store(fr_tok_ptr + fb + rr, ntok, mask=rmask)
+            tl.store(fr_src_ptr + fb + rr, fb + prow, mask=rmask)
+            tl.store(fr_pick_ptr + fb + rr, npick.to(tl.int64), mask=rmask)
         tl.debug_barrier()
 
 
@@ -1030,7 +1027,7 @@ def drafter_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BLOCK_KK: tl.constexpr = 16,
+    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1172,11 +1169,11 @@ def drafter_kernel(
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                            fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                           True, HAS_D2T, BLOCK_K, BLOCK_A, DT, BLOCK_KK)
+                           True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
             else:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                            fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                           False, HAS_D2T, BLOCK_K, BLOCK_A, DT, BLOCK_KK)
+                           False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
         elif ph == 15:  # PH_FINAL
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,

@@ -411,7 +411,7 @@ class Drafter:
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + cfg.depth + 1),
-            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k), BLOCK_KK=_pow2(cfg.top_k * cfg.top_k),
+            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
