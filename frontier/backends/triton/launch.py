@@ -451,14 +451,13 @@ class Drafter:
         True for contiguous real heads; odd test sizes may not be. ``Tuning.vec_w`` /
         ``Tuning.vec_kv`` turn the declarations off (to measure them)."""
         el = self.dtype.itemsize
-        cfg, tn = self.cfg, self.tuning
-        k_in = (2 * cfg.hidden_size) if cfg.architecture == "eagle3" else cfg.hidden_size
 
-        def aligned(tens, row_elems):
-            return (row_elems * el) % 16 == 0 and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in tens)
+        def aligned(tens):  # every row of every tensor starts on a 16-byte boundary
+            return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st * el % 16 == 0 for st in t.stride()[:-1])
+                       for t in tens)
 
-        w_ok = tn.vec_w and aligned([lw.q_proj, lw.k_proj, lw.v_proj], k_in)
-        kv_ok = tn.vec_kv and aligned([t for s in seqs for t in (s.cache.k[0], s.cache.v[0])], cfg.head_dim)
+        w_ok = self.tuning.vec_w and aligned([lw.q_proj, lw.k_proj, lw.v_proj])
+        kv_ok = self.tuning.vec_kv and aligned([t for s in seqs for t in (s.cache.k[0], s.cache.v[0])])
         return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
