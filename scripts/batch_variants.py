@@ -51,6 +51,9 @@ TUNINGS = {
     "novw": dict(vec_w=False),
     "novkv": dict(vec_kv=False),
     "novec": dict(vec_w=False, vec_kv=False),
+    "padrows": dict(exact_rows=False),
+    "s2st64k": dict(num_stages=2, stage_bytes=65536, lm_stage_bytes=65536),
+    "wa64kw16": dict(wide_acc_elems=65536),
 }
 
 ap = argparse.ArgumentParser()

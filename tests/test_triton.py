@@ -365,6 +365,62 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
 
 
+def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref():
+    """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
+    5 sequences x top_k 5 = 25 rows as 16 + 16 instead of one 64-row tile, so every weight chunk
+    meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
+    logits). Trees, scores and cache rows must equal the one-tile launch's, and the tokens and
+    tree torch_ref's for each sequence drafted alone."""
+    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = random_config(total_token=14, depth=2, top_k=5, vocab_size=90, target_vocab_size=150)
+    w = random_weights(cfg, seed=61, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 62, batch=5, lo=3, hi=9)
+    outs = []
+    for exact in (True, False):
+        tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64, exact_rows=exact)
+        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        assert d.row_tiles(5) == ((16, 16) if exact else (64, 0))
+        calls = []
+        for ids, feats in seqs:
+            cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
+            calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
+                                 feats.shape[1]))
+        d.alloc_outputs(len(calls))
+        d.run_batch(w, calls, "steps")
+        outs.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
+    assert torch.equal(t0, t1) and torch.equal(p0, p1)
+    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
+    for a, b in zip(c0, c1):
+        assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+    for b, (ids, feats) in enumerate(seqs):
+        ref = frontier_generate(cfg, feats.to(DEVICE), "torch_ref", input_ids=ids.to(DEVICE), weights=w,
+                                cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
+        assert torch.equal(ref.draft_tokens.reshape(-1).cpu(), t0[b].cpu())
+        assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
+
+
+def test_row_tiles_cover_the_tree_rows_with_less_padding():
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = random_config(top_k=10)
+    d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2))
+    assert d.row_tiles(1) == (16, 0)  # narrow: one tile
+    assert d.row_tiles(4) == (64, 0)
+    assert d.row_tiles(16) == (128, 32)  # 160 rows, not 256
+    assert d.row_tiles(13) == (128, 16)
+    assert d.row_tiles(12) == (128, 0)  # 120 rows: one 128-row tile pads least
+    assert d.row_tiles(9) == (64, 32)  # 90 rows in a wide launch (block_rows 256)
+    assert d.row_tiles(64) == (256, 0)  # beyond bm_max: 256-row tiles
+    off = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2, exact_rows=False))
+    assert off.row_tiles(16) == (256, 0)
+    for b in range(1, 40):  # the tiles always hold the rows (or tile them at bm_max)
+        bm, bm2 = d.row_tiles(b)
+        assert bm + bm2 >= min(b * 10, 256) and bm >= 16 and bm2 in (0, 16, 32, 64, 128)
+
+
 def build_schedule_codes(cfg, split):
     from frontier.backends.triton.launch import build_schedule
 

@@ -121,13 +121,21 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
-                 BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
+                 BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                 BM2: tl.constexpr = 0):
     """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
     valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
-    ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs)."""
+    ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs). BM2 > 0: each
+    weight chunk also meets a second, narrower tile ``rm2`` (acc2 [BNS, BM2]), so that BM + BM2
+    rows (e.g. 128 + 32 for 160 rows) cost no padding to the next power of two; with BM2 = 0
+    acc2 is acc (unused)."""
     rk = tl.arange(0, BK)
     acc = tl.zeros([BNS, BM], dtype=tl.float32)
+    if BM2 > 0:
+        acc2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+    else:
+        acc2 = acc
     for k0 in range(k_lo, k_hi, BK):
         kk = k0 + rk
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
@@ -135,7 +143,23 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi,
         x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
                     other=0.0, cache_modifier=".cg")
         acc = _mma(w, x, acc, IEEE)
-    return acc
+        if BM2 > 0:
+            x2 = tl.load(x_ptr + rm2[None, :] * x_stride + kk[:, None],
+                         mask=(rm2[None, :] < M) & (kk[:, None] < k_hi), other=0.0, cache_modifier=".cg")
+            acc2 = _mma(w, x2, acc2, IEEE)
+    return acc, acc2
+
+
+@triton.jit
+def _row_tiles(m0, BM: tl.constexpr, BM2: tl.constexpr):
+    """The activation rows of the tile(s) starting at m0: rm [BM] and rm2 [BM2] after them (rm
+    again when BM2 = 0)."""
+    rm = m0 + tl.arange(0, BM)
+    if BM2 > 0:
+        rm2 = m0 + BM + tl.arange(0, BM2)
+    else:
+        rm2 = rm
+    return rm, rm2
 
 
 @triton.jit
@@ -161,42 +185,49 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
 
 
 @triton.jit
+def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
+    """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]."""
+    DT = y_ptr.dtype.element_ty
+    msk = rmask[:, None] & (rm[None, :] < M)
+    if MODE == 1:
+        r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        out = (acc.to(DT).to(tl.float32) + r).to(DT)
+    elif MODE == 2:
+        b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
+        out = (acc + b[:, None]).to(DT)
+    else:
+        out = acc.to(DT)
+    tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
+
+
+@triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr = 1):
+               VEC: tl.constexpr = 1, BM2: tl.constexpr = 0):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
-    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
-    batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
+    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM (+ BM2) activation rows.
+    At batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
     call of the phase for all rows; with many rows (batching) a sub-slab (BNS x Kd, a few hundred
     KB per program) is re-read for the later tiles while it is still in L2.
     MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
     4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
-    DT = y_ptr.dtype.element_ty
-    rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS, VEC)
-        for m0 in range(0, M, BM):
-            rm = m0 + rbm
-            acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, 0, Kd, BNS, BM, BK, IEEE)
-            msk = rmask[:, None] & (rm[None, :] < M)
-            if MODE == 1:
-                r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0,
-                            cache_modifier=".cg").to(tl.float32)
-                out = (acc.to(DT).to(tl.float32) + r).to(DT)
-            elif MODE == 2:
-                b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
-                out = (acc + b[:, None]).to(DT)
-            else:
-                out = acc.to(DT)
-            tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
+        for m0 in range(0, M, BM + BM2):
+            rm, rm2 = _row_tiles(m0, BM, BM2)
+            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2)
+            _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
+            if BM2 > 0:
+                _linear_out(acc2, rr, rmask, rm2, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
 @triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
                      QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                     VEC: tl.constexpr = 1):
+                     VEC: tl.constexpr = 1, BM2: tl.constexpr = 0):
     """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
     slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
     SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
@@ -213,14 +244,16 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
         kch = tl.cdiv(tl.cdiv(Kd, SPL), BK) * BK
         k_lo = sp * kch
         k_hi = tl.minimum(Kd, k_lo + kch)
-        rbm = tl.arange(0, BM)
         for s0 in range(0, RP, BNS):
             rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS, VEC)
-            for m0 in range(0, M, BM):
-                rm = m0 + rbm
-                acc = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, M, k_lo, k_hi, BNS, BM, BK, IEEE)
+            for m0 in range(0, M, BM + BM2):
+                rm, rm2 = _row_tiles(m0, BM, BM2)
+                acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi, BNS, BM, BK, IEEE, BM2)
                 tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
                          mask=rmask[:, None] & (rm[None, :] < M))
+                if BM2 > 0:
+                    tl.store(part_ptr + (sp * MR + rm2[None, :]) * NT + rr[:, None], acc2,
+                             mask=rmask[:, None] & (rm2[None, :] < M))
 
 
 @triton.jit
@@ -247,20 +280,34 @@ def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, r
 
 
 @triton.jit
-def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
-               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
-    One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM
-    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
+def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
+    """act = silu(g) * u for one pair of accumulators, each op rounded like the reference."""
     DT = y_ptr.dtype.element_ty
+    g = acc_g.to(DT).to(tl.float32)
+    u = acc_u.to(DT).to(tl.float32)
+    sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+    tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+
+
+@triton.jit
+def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
+               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr = 0):
+    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
+    One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
+    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
     rk = tl.arange(0, BK)
-    rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
         rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS, 1)
-        for m0 in range(0, M, BM):
-            rm = m0 + rbm
+        for m0 in range(0, M, BM + BM2):
+            rm, rm2 = _row_tiles(m0, BM, BM2)
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
             acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
+            if BM2 > 0:
+                acc_g2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+                acc_u2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+            else:
+                acc_g2 = acc_g
+                acc_u2 = acc_u
             for k0 in range(0, Kd, BK):
                 kk = k0 + rk
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
@@ -270,11 +317,14 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                             other=0.0, cache_modifier=".cg")
                 acc_g = _mma(wg, x, acc_g, IEEE)
                 acc_u = _mma(wu, x, acc_u, IEEE)
-            g = acc_g.to(DT).to(tl.float32)
-            u = acc_u.to(DT).to(tl.float32)
-            sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
-            msk = rmask[:, None] & (rm[None, :] < M)
-            tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=msk)
+                if BM2 > 0:
+                    x2 = tl.load(x_ptr + rm2[None, :] * Kd + kk[:, None],
+                                 mask=(rm2[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
+                    acc_g2 = _mma(wg, x2, acc_g2, IEEE)
+                    acc_u2 = _mma(wu, x2, acc_u2, IEEE)
+            _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N)
+            if BM2 > 0:
+                _gateup_out(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N)
 
 
 @triton.jit
@@ -740,7 +790,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 @triton.jit
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                    BMK: tl.constexpr, BNP: tl.constexpr):
+                    BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr = 0):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
@@ -748,13 +798,15 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     without also holding a 64-bit key per logit in registers. Only this program reads back what
     it wrote (the block barrier orders it), and the scratch rows stay in L2."""
     DT = x_ptr.dtype.element_ty
-    rbm = tl.arange(0, BM)
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS, 1)
-        for m0 in range(0, M, BM):
-            rm = m0 + rbm
-            acc = _stream_tile(wrow, rmask, x_ptr, Kd, rm, M, 0, Kd, BNS, BM, BK, IEEE)
+        for m0 in range(0, M, BM + BM2):
+            rm, rm2 = _row_tiles(m0, BM, BM2)
+            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, Kd, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2)
             tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+            if BM2 > 0:
+                tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),
+                         mask=rmask[:, None] & (rm2[None, :] < M))
     tl.debug_barrier()
     rc = tl.arange(0, BNP)
     cols = pid * RP + rc
@@ -1027,14 +1079,16 @@ def drafter_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1,
+    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
     sequence); after attention one row per sequence. Tree rows: B*K, sequence b's at b*K.
     Every weight-streaming phase runs over all rows of all sequences together.
     VEC_W / VEC_KV > 1: the launcher proved the QKV weight rows / every cache's K/V offset 16-byte
-    aligned (that many elements), so loads that Triton cannot prove aligned itself are declared so."""
+    aligned (that many elements), so loads that Triton cannot prove aligned itself are declared so.
+    BM2 > 0 (wide launches): the weight-streaming phases take activation rows in tiles of BM + BM2
+    (two accumulators per weight chunk), covering e.g. 160 rows without padding them to 256."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1055,14 +1109,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNS_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1089,10 +1143,10 @@ def drafter_kernel(
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC_W)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC_W, BM2=BM2)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -1121,27 +1175,27 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE, BM2=BM2)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
-                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE)
+                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE, BM2=BM2)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             split = False
             if SPLITK:
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
-                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE)
+                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE, BM2=BM2)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)
@@ -1158,7 +1212,7 @@ def drafter_kernel(
                 x_lm = hout_ptr
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM)
+                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2=BM2)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM)

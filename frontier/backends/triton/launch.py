@@ -111,15 +111,22 @@ class Tuning:
     grid: Optional[int] = None  # None: one program per SM (GPU) / 2 (interpreter)
     vec_w: bool = True  # declare the QKV weight rows 16-byte aligned when proven (Drafter.vec16)
     vec_kv: bool = True  # the same for the caches' K/V offsets
+    # wide launches: tiles of BM + BM2 activation rows (two powers of two, e.g. 128 + 32 for 160
+    # tree rows) instead of one tile padded to the next power of two
+    exact_rows: bool = True
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
-         stage_bytes: Optional[int] = None, acc_elems: Optional[int] = None) -> tuple[int, int, int]:
-    """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase. The
-    k-chunk holds about ``stage_bytes`` of weights per stage, and the weight + activation tiles
-    of all ``num_stages`` stages fit in ``smem_bytes``."""
+         stage_bytes: Optional[int] = None, acc_elems: Optional[int] = None,
+         wide: Optional[bool] = None) -> tuple[int, int, int]:
+    """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase whose
+    activation tile is ``bm`` rows wide (BM + BM2). The k-chunk holds about ``stage_bytes`` of
+    weights per stage, and the weight + activation tiles of all ``num_stages`` stages fit in
+    ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks the slab alignment."""
     per = -(-n_rows // grid)
-    al = max(1, tn.wide_slab_align if bm >= tn.wide_bm else tn.slab_align)
+    if wide is None:
+        wide = bm >= tn.wide_bm
+    al = max(1, tn.wide_slab_align if wide else tn.slab_align)
     rp = max(al, -(-per // al) * al)
     bnp = _pow2(rp, 16)
     cap = max(16, 1 << max(0, ((acc_elems or tn.acc_elems) // (bm * n_mats)).bit_length() - 1))
@@ -130,14 +137,15 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
     return rp, bns, bk
 
 
-def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int, acc: int) -> tuple[int, int, int, int]:
+def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int, acc: int,
+               wide: Optional[bool] = None) -> tuple[int, int, int, int]:
     """(split factor S, rows per slab RP, sub-slab rows BNS, k-chunk BK) of a split-K phase:
     grid // S slabs of about ``tn.split_rows`` rows, each streamed as S k-ranges."""
     spl = 1
     while spl < 8 and 2 * spl <= grid and n_rows * 2 * spl <= tn.split_rows * grid:
         spl *= 2
     nslab = grid // spl
-    rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc)
+    rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc, wide=wide)
     return spl, rp, bns, bk
 
 
@@ -289,6 +297,26 @@ class Drafter:
         k = self.cfg.top_k
         return max(self.tuning.BM, min(self.tuning.bm_max, _pow2(_pow2(batch) * k, 16)))
 
+    def row_tiles(self, batch: int) -> tuple[int, int]:
+        """(BM, BM2): the activation tile(s) of the weight-streaming phases. Narrow launches use
+        one tile, BM = ``block_rows``. Wide ones (``block_rows >= wide_bm``), with
+        ``Tuning.exact_rows``, cover the B*K tree rows with two power-of-two tiles when that
+        pads less (160 rows: 128 + 32 instead of 256): the tensor-core work and the activation
+        traffic of every weight chunk scale with the padded width, and at batch 16 these GEMMs
+        are bound by them rather than by the weight stream."""
+        bm = self.block_rows(batch)
+        rows = batch * self.cfg.top_k
+        tn = self.tuning
+        if bm < tn.wide_bm or not tn.exact_rows or rows > tn.bm_max:
+            return bm, 0
+        lo = max(16, 1 << (rows.bit_length() - 1))
+        if rows <= lo:
+            return lo, 0
+        hi = _pow2(rows - lo, 16)
+        if hi == lo or lo + hi >= bm:  # one power-of-two tile pads no more
+            return min(bm, 2 * lo), 0
+        return lo, hi
+
     # ------------------------------------------------------------------------------------------
     def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
             n_new: int, mode: str, step_hook=None, timing: bool = False) -> Workspace:
@@ -340,8 +368,8 @@ class Drafter:
         nb = len(seqs)
         n_rows = sum(s.n for s in seqs)
         ws = self.workspace(nb, n_rows)
-        bm = self.block_rows(nb)
-        wide = bm >= tn.wide_bm
+        wide = self.block_rows(nb) >= tn.wide_bm
+        bm, bm2 = self.row_tiles(nb)
         # one attention item per (sequence, KV head) once those items fill half the grid
         fused = tn.fused_attention and nb > 1 and 2 * _pow2(nb) * cfg.num_key_value_heads >= self.grid
         self.schedule = self.schedules[wide, fused]
@@ -387,15 +415,15 @@ class Drafter:
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
         acc = tn.wide_acc_elems if wide else tn.acc_elems
-        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm, acc_elems=acc)
-        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm, acc_elems=acc)
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm, acc_elems=acc)
-        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm, acc_elems=acc)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm, acc_elems=acc)
-        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm, tn.lm_stage_bytes, acc_elems=acc)
-        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm, acc)
-        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm, acc)
-        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm, acc)
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, tn.lm_stage_bytes, acc_elems=acc, wide=wide)
+        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
+        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
+        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
         if wide:
             need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
             if ws.part is None or ws.part.numel() < need:
@@ -405,7 +433,7 @@ class Drafter:
         const = dict(
             **self.vec16(lw, seqs),
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
-            BM=bm, KP=self.kp,
+            BM=bm, BM2=bm2, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
