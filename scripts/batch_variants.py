@@ -53,7 +53,9 @@ TUNINGS = {
     "novec": dict(vec_w=False, vec_kv=False),
     "padrows": dict(exact_rows=False),
     "s2st64k": dict(num_stages=2, stage_bytes=65536, lm_stage_bytes=65536),
-    "wa64kw16": dict(wide_acc_elems=65536),
+    "wa64k": dict(wide_acc_elems=65536),
+    "w8": dict(wide_num_warps=8),
+    "w8a64k": dict(wide_num_warps=8, wide_acc_elems=65536),
 }
 
 ap = argparse.ArgumentParser()

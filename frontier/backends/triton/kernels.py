@@ -205,23 +205,21 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr = 1, BM2: tl.constexpr = 0):
+               VEC: tl.constexpr = 1):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
-    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM (+ BM2) activation rows.
-    At batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
+    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
+    batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
     call of the phase for all rows; with many rows (batching) a sub-slab (BNS x Kd, a few hundred
     KB per program) is re-read for the later tiles while it is still in L2.
     MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
     4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS, VEC)
-        for m0 in range(0, M, BM + BM2):
-            rm, rm2 = _row_tiles(m0, BM, BM2)
-            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2)
+        for m0 in range(0, M, BM):
+            rm = m0 + tl.arange(0, BM)
+            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, Kd, BNS, BM, BK, IEEE)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
-            if BM2 > 0:
-                _linear_out(acc2, rr, rmask, rm2, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
 @triton.jit
@@ -1079,7 +1077,7 @@ def drafter_kernel(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_NA: tl.constexpr, BLOCK_NF: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
-    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0,
+    VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1087,8 +1085,10 @@ def drafter_kernel(
     Every weight-streaming phase runs over all rows of all sequences together.
     VEC_W / VEC_KV > 1: the launcher proved the QKV weight rows / every cache's K/V offset 16-byte
     aligned (that many elements), so loads that Triton cannot prove aligned itself are declared so.
-    BM2 > 0 (wide launches): the weight-streaming phases take activation rows in tiles of BM + BM2
-    (two accumulators per weight chunk), covering e.g. 160 rows without padding them to 256."""
+    BM2 > 0 (wide launches): the tree depths' weight-streaming phases take activation rows in tiles
+    of BM + BM2 (two accumulators per weight chunk), covering e.g. 160 rows without padding them to
+    256. The unsplit linear phases (every one at narrow launches, the context step's at wide ones,
+    with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1109,14 +1109,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BM, BNS_FC, BK_FC, IEEE, BM2=BM2)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1146,7 +1146,7 @@ def drafter_kernel(
                                  RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BM, BNS_QKV, BK_QKV, IEEE, VEC_W, BM2=BM2)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -1175,13 +1175,13 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE, BM2=BM2)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
                                  RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BM, BNS_O, BK_O, IEEE, BM2=BM2)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
@@ -1195,7 +1195,7 @@ def drafter_kernel(
                                  RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, BM2=BM2)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BM, BNS_D, BK_D, IEEE, BM2=BM2)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)

@@ -368,7 +368,8 @@ class Drafter:
         nb = len(seqs)
         n_rows = sum(s.n for s in seqs)
         ws = self.workspace(nb, n_rows)
-        wide = self.block_rows(nb) >= tn.wide_bm
+        bmp = self.block_rows(nb)  # the unsplit linear phases' one tile (see drafter_kernel)
+        wide = bmp >= tn.wide_bm
         bm, bm2 = self.row_tiles(nb)
         # one attention item per (sequence, KV head) once those items fill half the grid
         fused = tn.fused_attention and nb > 1 and 2 * _pow2(nb) * cfg.num_key_value_heads >= self.grid
@@ -415,11 +416,11 @@ class Drafter:
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
         acc = tn.wide_acc_elems if wide else tn.acc_elems
-        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
-        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
         rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
         rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, tn.lm_stage_bytes, acc_elems=acc, wide=wide)
         s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
         s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
@@ -433,7 +434,7 @@ class Drafter:
         const = dict(
             **self.vec16(lw, seqs),
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
-            BM=bm, BM2=bm2, KP=self.kp,
+            BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
