@@ -367,21 +367,21 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
 
 def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref():
     """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
-    5 sequences x top_k 5 = 25 rows as 16 + 16 instead of one 64-row tile, so every weight chunk
+    6 sequences x top_k 6 = 36 rows as 32 + 16 instead of one 64-row tile, so every weight chunk
     meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
     logits). Trees, scores and cache rows must equal the one-tile launch's, and the tokens and
     tree torch_ref's for each sequence drafted alone."""
     from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
     from frontier.cache import DraftCache
 
-    cfg = random_config(total_token=14, depth=2, top_k=5, vocab_size=90, target_vocab_size=150)
+    cfg = random_config(total_token=14, depth=2, top_k=6, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=61, lm_head_scale=6.0, device=DEVICE)
-    seqs, _ = _ragged(cfg, 62, batch=5, lo=3, hi=9)
+    seqs, _ = _ragged(cfg, 62, batch=6, lo=3, hi=9)
     outs = []
     for exact in (True, False):
         tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64, exact_rows=exact)
         d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
-        assert d.row_tiles(5) == ((16, 16) if exact else (64, 0))
+        assert d.row_tiles(6) == ((32, 16) if exact else (64, 0))
         calls = []
         for ids, feats in seqs:
             cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
