@@ -56,6 +56,8 @@ TUNINGS = {
     "wa64k": dict(wide_acc_elems=65536),
     "w8": dict(wide_num_warps=8),
     "w8a64k": dict(wide_num_warps=8, wide_acc_elems=65536),
+    "w16a32k": dict(wide_num_warps=16, wide_acc_elems=32768),
+    "nograph": dict(persistent_graph=False),
 }
 
 ap = argparse.ArgumentParser()

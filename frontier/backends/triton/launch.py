@@ -88,11 +88,13 @@ class Tuning:
     BM: int = 16  # activation rows per tile at batch 1 (>= 16 for tl.dot)
     bm_max: int = 256  # largest activation tile when batching
     acc_elems: int = 4096  # fp32 accumulator elements per program per weight matrix (sub-slab rows x BM)
-    # wide tiles (BM >= wide_bm, i.e. big batches): larger accumulators over more warps, and the
+    # wide tiles (BM >= wide_bm, i.e. big batches): larger accumulators, and the
     # lm_head's statistics taken from a logits scratch instead of registers
+    # (H200, 8B batch 16: 8 warps and 64K elements 5.35 ms; 16 warps and 32K 5.96 ms - with 8 warps
+    # the two warpgroups split the weight rows only, so each wgmma spans all activation rows)
     wide_bm: int = 128
-    wide_acc_elems: int = 32768
-    wide_num_warps: int = 16
+    wide_acc_elems: int = 65536
+    wide_num_warps: int = 8
     split_rows: int = 128  # wide launches split K in QKV / o_proj / down until slabs hold ~this many rows
     # a slab's rows are a multiple of this: 1 splits batch-1 streams most evenly over the grid;
     # wide launches keep 16 (H200, 8B batch 1: 2.95 vs 2.99 ms; batch 16: 8.1 vs 7.1 ms with 1)
