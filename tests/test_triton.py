@@ -457,6 +457,38 @@ def test_gpu_graph_mode_matches_persistent(arch):
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, mode="graph")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_persistent_graph_replays_the_direct_launch(arch):
+    """mode='persistent' captures its one cooperative launch as a CUDA graph once the same
+    arguments come twice, and replays it after: calls 1-2 launch directly (the second also
+    captures), calls 3-5 replay. Every call must give the direct launch's tree, scores and cache
+    rows, and the returned outputs must not be the graph's fixed buffers."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = _medium_config(arch)
+    w = random_weights(cfg, seed=71, device="cuda", lm_head_scale=6.0)
+    ids, feats = random_inputs(cfg, context=40, seed=72)
+    ids, feats = ids.cuda(), feats.cuda()
+    runs = {}
+    for graph in (False, True):
+        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning(persistent_graph=graph))
+        cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
+        res = []
+        for call in range(5):
+            d.alloc_outputs(1)
+            d.run(w, feats[0], ids[0, 1:], ids[0, -1:], cache, 0, feats.shape[1], "persistent")
+            d.check_error()
+            assert d.out_tok.data_ptr() != d._graph_outputs(1)[0].data_ptr()
+            res.append((d.out_tok, d.out_par, d.out_score, cache.k[:, :, : feats.shape[1]].clone()))
+        assert d.graph_error is None
+        assert len(d._pgraphs) == (1 if graph else 0)
+        runs[graph] = res
+    for (t0, p0, s0, k0), (t1, p1, s1, k1) in zip(runs[False], runs[True]):
+        assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1) and torch.equal(k0, k1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     """The kernel declares the QKV weight rows and the caches' K/V offsets 16-byte aligned (vector
