@@ -57,6 +57,7 @@ TUNINGS = {
     "w8": dict(wide_num_warps=8),
     "w8a64k": dict(wide_num_warps=8, wide_acc_elems=65536),
     "w16a32k": dict(wide_num_warps=16, wide_acc_elems=32768),
+    "w8a64k_": dict(wide_acc_elems=65536),
     "nograph": dict(persistent_graph=False),
 }
 

@@ -90,10 +90,11 @@ class Tuning:
     acc_elems: int = 4096  # fp32 accumulator elements per program per weight matrix (sub-slab rows x BM)
     # wide tiles (BM >= wide_bm, i.e. big batches): larger accumulators, and the
     # lm_head's statistics taken from a logits scratch instead of registers
-    # (H200, 8B batch 16: 8 warps and 64K elements 5.35 ms; 16 warps and 32K 5.96 ms - with 8 warps
-    # the two warpgroups split the weight rows only, so each wgmma spans all activation rows)
+    # (H200, 8B batch 16: 8 warps 5.35 ms, 16 warps 5.96 ms - with 8 warps the two warpgroups split
+    # the weight rows only, so each wgmma spans all activation rows; 40960 elements = 160 fp32
+    # registers per thread: 65536 gave the same batch-16 tiles but spilled at batch 64, 48 vs 18 ms)
     wide_bm: int = 128
-    wide_acc_elems: int = 65536
+    wide_acc_elems: int = 40960
     wide_num_warps: int = 8
     split_rows: int = 128  # wide launches split K in QKV / o_proj / down until slabs hold ~this many rows
     # a slab's rows are a multiple of this: 1 splits batch-1 streams most evenly over the grid;
