@@ -59,6 +59,9 @@ TUNINGS = {
     "w16a32k": dict(wide_num_warps=16, wide_acc_elems=32768),
     "w8a64k_": dict(wide_acc_elems=65536),
     "nograph": dict(persistent_graph=False),
+    "sr64": dict(split_rows=64),
+    "sr256": dict(split_rows=256),
+    "wal32": dict(wide_slab_align=32),
 }
 
 ap = argparse.ArgumentParser()
