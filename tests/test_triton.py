@@ -489,6 +489,31 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
         assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1) and torch.equal(k0, k1)
 
 
+def test_cache_with_strided_rows_is_refused_and_left_unchanged():
+    """A draft cache whose layer storage is not contiguous (rows padded to head_dim + 1) is refused
+    with an error that names the strides; the cache keeps its length and contents. A cache whose
+    layers are contiguous but not adjacent (a slice of a wider storage) is accepted."""
+    from frontier.cache import DraftCache
+
+    cfg = random_config()
+    w = random_weights(cfg, seed=81, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=6, seed=82)
+    ids, feats = ids.to(DEVICE), feats.to(DEVICE)
+    shape = (1, cfg.num_key_value_heads, 32, cfg.head_dim)
+    wide = torch.zeros(*shape[:3], cfg.head_dim + 1, device=DEVICE)
+    bad = DraftCache.from_tensors(wide[..., : cfg.head_dim], torch.zeros(shape, device=DEVICE))
+    before = bad.k.clone()
+    with pytest.raises(InputError, match="contiguous per layer.*strides"):
+        frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, cache=bad)
+    assert bad.length == 0 and torch.equal(bad.k, before)
+    two = torch.zeros(2, *shape[1:], device=DEVICE)  # layer 0 of a 2-layer storage: contiguous rows
+    ok = DraftCache.from_tensors(two[:1], torch.zeros(shape, device=DEVICE))
+    fr = frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, cache=ok)
+    ref = frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w,
+                            cache=DraftCache.fresh(cfg, context_length=6, dtype=w.dtype, device=DEVICE))
+    _assert_same([ref], [fr], cfg)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     """The kernel declares the QKV weight rows and the caches' K/V offsets 16-byte aligned (vector

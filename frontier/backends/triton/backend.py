@@ -114,10 +114,10 @@ class TritonBackend(Backend):
         seqs, caches = [], []
         for b, r in enumerate(requests):
             cache = r.draft_cache()
-            k0 = cache.k[0]
-            if not (k0.is_contiguous() and cache.v[0].is_contiguous()):
+            if not (_layer_contiguous(cache.k) and _layer_contiguous(cache.v)):
                 raise InputError(f"sequence {b}: backend 'triton' needs each draft cache's K/V storage contiguous "
-                                 f"per layer ([kv heads, max_length, head_dim] rows), got strides {tuple(k0.stride())}")
+                                 f"per layer ([kv heads, max_length, head_dim] rows), got strides "
+                                 f"{tuple(cache.k.stride()[1:])} and {tuple(cache.v.stride()[1:])}")
             ids = r.input_ids[0, 1:]  # [L] the token paired with each hidden state
             c, n = cache.length, r.num_new
             seqs.append(SeqCall(r.features[0], ids[c:], r.input_ids[0, -1:], cache, c, n))
@@ -165,6 +165,17 @@ class TritonBackend(Backend):
         for cache, s in zip(caches, seqs):
             cache.commit(s.c + s.n)  # the kernel wrote rows [c, c+n); only now do they count
         return results
+
+
+def _layer_contiguous(t: torch.Tensor) -> bool:
+    """Whether each layer ``t[l]`` of a [layers, kv heads, max_length, head_dim] storage is
+    contiguous (what ``t[0].is_contiguous()`` says, without making the view on every call)."""
+    expect = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True
 
 
 class d_lock:

@@ -343,14 +343,17 @@ class Drafter:
         tensor, N)."""
         ws = self.ws
         el = self.dtype.itemsize
-        tens = [t for s in seqs for t in (s.cache.k[0], s.cache.v[0])]
-        base = min(tens, key=lambda t: t.data_ptr())
+        # layer 0 of each K / V storage starts at the storage's own address (no per-call views)
+        ptrs = [(s.cache.k.data_ptr(), s.cache.v.data_ptr()) for s in seqs]
+        lo = min(range(len(seqs)), key=lambda b: min(ptrs[b]))
+        base = seqs[lo].cache.k if ptrs[lo][0] <= ptrs[lo][1] else seqs[lo].cache.v
+        base_ptr = base.data_ptr()
         meta: list[int] = []
         row_seq: list[int] = []
         row = 0
         for b, s in enumerate(seqs):
-            koff, voff = (s.cache.k[0].data_ptr() - base.data_ptr()), (s.cache.v[0].data_ptr() - base.data_ptr())
-            meta += [s.c, s.n, row, koff // el, voff // el, s.cache.k.shape[2], 0, 0]
+            kp, vp = ptrs[b]
+            meta += [s.c, s.n, row, (kp - base_ptr) // el, (vp - base_ptr) // el, s.cache.k.shape[2], 0, 0]
             row_seq += [b] * s.n
             row += s.n
         if len(seqs) == 1:
@@ -537,12 +540,13 @@ class Drafter:
         ``Tuning.vec_kv`` turn the declarations off (to measure them)."""
         el = self.dtype.itemsize
 
-        def aligned(tens):  # every row of every tensor starts on a 16-byte boundary
-            return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st * el % 16 == 0 for st in t.stride()[:-1])
-                       for t in tens)
+        def aligned(tens, skip=0):  # every row of every tensor starts on a 16-byte boundary
+            return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+                       and all(st * el % 16 == 0 for st in t.stride()[skip:-1]) for t in tens)
 
         w_ok = self.tuning.vec_w and aligned([lw.q_proj, lw.k_proj, lw.v_proj])
-        kv_ok = self.tuning.vec_kv and aligned([t for s in seqs for t in (s.cache.k[0], s.cache.v[0])])
+        # the caches' layer 0 ([kv heads, max_length, head_dim]: the storage without its layer stride)
+        kv_ok = self.tuning.vec_kv and aligned([t for s in seqs for t in (s.cache.k, s.cache.v)], skip=1)
         return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
