@@ -324,14 +324,39 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
+def _draft_tuned(cfg, w, seqs, tn):
+    """One "steps" launch of the ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the
+    drafter and (tokens, parents, scores, the SeqCalls with their caches)."""
+    from frontier.backends.triton.launch import Drafter, SeqCall
+    from frontier.cache import DraftCache
+
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    calls = []
+    for ids, feats in seqs:
+        cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
+        calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
+                             feats.shape[1]))
+    d.alloc_outputs(len(calls))
+    d.run_batch(w, calls, "steps")
+    return d, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls)
+
+
+def _assert_same_launch(a, b):
+    """Two launches' trees, scores (to 1e-5) and new cache rows agree."""
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = a, b
+    assert torch.equal(t0, t1) and torch.equal(p0, p1)
+    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
+    for x, y in zip(c0, c1):  # the new rows' K/V reached each cache identically
+        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
+
+
 def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     """Small accumulators force every weight phase through several sub-slabs and the 20 tree
     rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs,
     the wide lm_head (logits scratch, statistics from there), the split-K reductions and the
     row-tile loops, and slabs of any row count (``slab_align=1``) must give the tokens and tree of
     16-row-aligned slabs (scores to 1e-5)."""
-    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
-    from frontier.cache import DraftCache
+    from frontier.backends.triton.launch import Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=41, lm_head_scale=6.0, device=DEVICE)
@@ -341,22 +366,11 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     # (the interpreter's 2-program grid makes every batch use the fused attention; the split
     # attention of small batches on big grids is forced by fused_attention=False)
     for tn in (Tuning(slab_align=16), Tuning(bm_max=16, acc_elems=256, fused_attention=False, slab_align=1), wide):
-        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
-        calls = []
-        for ids, feats in seqs:
-            cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
-            calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
-                                 feats.shape[1]))
-        d.alloc_outputs(len(calls))
-        d.run_batch(w, calls, "steps")
-        assert d.block_rows(len(calls)) == (32 if tn.bm_max > 16 else 16)
-        outs.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
-    t0, p0, s0, c0 = outs[0]
-    for n, (t1, p1, s1, c1) in enumerate(outs[1:]):
-        assert torch.equal(t0, t1) and torch.equal(p0, p1)
-        torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
-        for a, b in zip(c0, c1):  # the new rows' K/V reached each cache identically
-            assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+        d, out = _draft_tuned(cfg, w, seqs, tn)
+        assert d.block_rows(len(seqs)) == (32 if tn.bm_max > 16 else 16)
+        outs.append(out)
+    for other in outs[1:]:
+        _assert_same_launch(outs[0], other)
     # the wide launch split K in the tree depths' QKV / o_proj / down (its own schedule)
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import split_slab
@@ -371,7 +385,7 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref():
     meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
     logits). Trees, scores and cache rows must equal the one-tile launch's, and the tokens and
     tree torch_ref's for each sequence drafted alone."""
-    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+    from frontier.backends.triton.launch import Tuning
     from frontier.cache import DraftCache
 
     cfg = random_config(total_token=14, depth=2, top_k=6, vocab_size=90, target_vocab_size=150)
@@ -380,21 +394,11 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref():
     outs = []
     for exact in (True, False):
         tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64, exact_rows=exact)
-        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.row_tiles(6) == ((32, 16) if exact else (64, 0))
-        calls = []
-        for ids, feats in seqs:
-            cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
-            calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
-                                 feats.shape[1]))
-        d.alloc_outputs(len(calls))
-        d.run_batch(w, calls, "steps")
-        outs.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
-    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
-    assert torch.equal(t0, t1) and torch.equal(p0, p1)
-    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
-    for a, b in zip(c0, c1):
-        assert torch.equal(a.cache.k[:, :, : a.n], b.cache.k[:, :, : b.n])
+        outs.append(out)
+    _assert_same_launch(*outs)
+    t0 = outs[0][0]
     for b, (ids, feats) in enumerate(seqs):
         ref = frontier_generate(cfg, feats.to(DEVICE), "torch_ref", input_ids=ids.to(DEVICE), weights=w,
                                 cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
