@@ -121,6 +121,14 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
+    """The activation chunk [BK, rows] of rows ``rm`` (valid below M) at columns ``kk`` (valid
+    below k_hi), the B operand of a weight-streaming dot; zeros elsewhere."""
+    return tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
+                   other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                  BM2: tl.constexpr = 0):
@@ -140,13 +148,9 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         kk = k0 + rk
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
-        x = tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
-                    other=0.0, cache_modifier=".cg")
-        acc = _mma(w, x, acc, IEEE)
+        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
         if BM2 > 0:
-            x2 = tl.load(x_ptr + rm2[None, :] * x_stride + kk[:, None],
-                         mask=(rm2[None, :] < M) & (kk[:, None] < k_hi), other=0.0, cache_modifier=".cg")
-            acc2 = _mma(w, x2, acc2, IEEE)
+            acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
     return acc, acc2
 
 
@@ -311,13 +315,11 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
                 wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
-                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                            other=0.0, cache_modifier=".cg")
+                x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 acc_g = _mma(wg, x, acc_g, IEEE)
                 acc_u = _mma(wu, x, acc_u, IEEE)
                 if BM2 > 0:
-                    x2 = tl.load(x_ptr + rm2[None, :] * Kd + kk[:, None],
-                                 mask=(rm2[None, :] < M) & (kk[:, None] < Kd), other=0.0, cache_modifier=".cg")
+                    x2 = _x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
                     acc_g2 = _mma(wg, x2, acc_g2, IEEE)
                     acc_u2 = _mma(wu, x2, acc_u2, IEEE)
             _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N)
@@ -732,8 +734,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             for k0 in range(0, Kd, BK):
                 kk = k0 + rk
                 km = (kk[None, :] < Kd)
-                x = tl.load(x_ptr + rm[None, :] * Kd + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < Kd),
-                            other=0.0, cache_modifier=".cg")
+                x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
                 if HALVES == 2:
