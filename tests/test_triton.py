@@ -495,8 +495,9 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
 
 def test_cache_with_strided_rows_is_refused_and_left_unchanged():
     """A draft cache whose layer storage is not contiguous (rows padded to head_dim + 1) is refused
-    with an error that names the strides; the cache keeps its length and contents. A cache whose
-    layers are contiguous but not adjacent (a slice of a wider storage) is accepted."""
+    with an error that names the strides; the cache keeps its length and contents. A contiguous
+    cache that starts inside a larger buffer (its address is not its storage's first byte) is
+    accepted and drafts what torch_ref drafts."""
     from frontier.cache import DraftCache
 
     cfg = random_config()
@@ -510,8 +511,9 @@ def test_cache_with_strided_rows_is_refused_and_left_unchanged():
     with pytest.raises(InputError, match="contiguous per layer.*strides"):
         frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, cache=bad)
     assert bad.length == 0 and torch.equal(bad.k, before)
-    two = torch.zeros(2, *shape[1:], device=DEVICE)  # layer 0 of a 2-layer storage: contiguous rows
-    ok = DraftCache.from_tensors(two[:1], torch.zeros(shape, device=DEVICE))
+    numel = torch.Size(shape).numel()
+    buf = torch.zeros(3 * numel, device=DEVICE)  # K and V one and two cache sizes into one buffer
+    ok = DraftCache.from_tensors(buf[numel: 2 * numel].view(shape), buf[2 * numel:].view(shape))
     fr = frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, cache=ok)
     ref = frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w,
                             cache=DraftCache.fresh(cfg, context_length=6, dtype=w.dtype, device=DEVICE))
