@@ -61,6 +61,7 @@ TUNINGS = {
     "sr64": dict(split_rows=64),
     "sr256": dict(split_rows=256),
     "wal32": dict(wide_slab_align=32),
+    "noqh": dict(qkv_ahead=False),
 }
 
 ap = argparse.ArgumentParser()

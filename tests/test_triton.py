@@ -407,6 +407,40 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
 
 
+@pytest.mark.parametrize("seed,hidden,heads,kv_heads", [(83, 32, 4, 2), (97, 30, 3, 1)])
+def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, heads, kv_heads):
+    """Narrow eagle3 launches stream the next depth's QKV over the hidden half of its input during
+    MERGE (``Tuning.qkv_ahead``) and the QKV phase only over the embedding half plus each row's
+    parent partial. Over grids where the streaming programs are the ones after the merged rows
+    (12 and 8 programs, 2 x 3 tree rows; with 8 each slab takes two 16-row sub-slabs) and the
+    interpreter's 2 programs (every program streams after its rows), and for a hidden size whose
+    half is not 16-byte aligned (30 x fp32): trees, scores and cache rows equal the one-stream
+    launch, tokens and tree torch_ref's, and the last partials are hidden_norm(rows) @ Wqkv[:, H:]^T."""
+    from frontier.backends.triton.launch import Tuning
+    from frontier.cache import DraftCache
+
+    cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, target_vocab_size=110, hidden_size=hidden,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
+    outs = []
+    for tn in (Tuning(qkv_ahead=False), Tuning(), Tuning(grid=12), Tuning(grid=8, acc_elems=256)):
+        d, out = _draft_tuned(cfg, w, seqs, tn)
+        outs.append(out)
+        if tn.qkv_ahead:  # the partials of the last step that streamed them (depth D-2's rows)
+            lw = w.layers[0]
+            wh = torch.cat([lw.q_proj, lw.k_proj, lw.v_proj])[:, hidden:]
+            rows = 2 * cfg.top_k
+            torch.testing.assert_close(d.ws.qh[:rows], d.ws.xh[:rows].float() @ wh.float().T, rtol=1e-5, atol=1e-5)
+    for other in outs[1:]:
+        _assert_same_launch(outs[0], other)
+    for b, (ids, feats) in enumerate(seqs):
+        ref = frontier_generate(cfg, feats.to(DEVICE), "torch_ref", input_ids=ids.to(DEVICE), weights=w,
+                                cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
+        assert torch.equal(ref.draft_tokens.reshape(-1).cpu(), outs[1][0][b].cpu())
+        assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
+
+
 def test_row_tiles_cover_the_tree_rows_with_less_padding():
     from frontier.backends.triton.launch import Drafter, Tuning
 

@@ -200,13 +200,18 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
     elif MODE == 2:
         b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
         out = (acc + b[:, None]).to(DT)
+    elif MODE == 3:  # + the fp32 partial of each row's source row (clamped into [0, M))
+        src = tl.load(b_ptr + rm, mask=rm < M, other=0, cache_modifier=".cg")
+        src = tl.minimum(tl.maximum(src, 0), M - 1)
+        part = tl.load(res_ptr + src[None, :] * res_stride + rr[:, None], mask=msk, other=0.0, cache_modifier=".cg")
+        out = (acc + part).to(DT)
     else:
         out = acc.to(DT)
     tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
 
 
 @triton.jit
-def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
+def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                VEC: tl.constexpr = 1):
@@ -216,13 +221,17 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, re
     batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
     call of the phase for all rows; with many rows (batching) a sub-slab (BNS x Kd, a few hundred
     KB per program) is re-read for the later tiles while it is still in L2.
+    Weight rows are Kd elements apart; the dot runs over their first KR columns (KR = Kd but for
+    the QKV of the hidden-half split below).
     MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
-    4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise)."""
+    4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise);
+    7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
+    activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``)."""
     for s0 in range(0, RP, BNS):
-        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE == 4, BNS, VEC)
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, Kd, BNS, BM, BK, IEEE)
+            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
@@ -330,9 +339,11 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
 @triton.jit
 def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hcur_ptr, xin_ptr,
              ln_in_ptr, ln_hid_ptr, H, Vt, eps,
-             GATHER: tl.constexpr, EAGLE3: tl.constexpr, BLOCK_H: tl.constexpr):
+             GATHER: tl.constexpr, EAGLE3: tl.constexpr, BLOCK_H: tl.constexpr, XH: tl.constexpr = True):
     """Per row: e = embed[t]; h = the row's hidden input (gathered from the parent's output row
-    when GATHER). eagle3: hcur = h, xin = [norm(e) | hidden_norm(h)]; eagle2: xin = [e | h]."""
+    when GATHER). eagle3: hcur = h, xin = [norm(e) | hidden_norm(h)]; eagle2: xin = [e | h].
+    XH = False (eagle3 with the hidden half of QKV streamed ahead, see ``_ph_qkv_hidden``): only
+    xin's first half is written."""
     DT = xin_ptr.dtype.element_ty
     rh = tl.arange(0, BLOCK_H)
     hm = rh < H
@@ -351,9 +362,10 @@ def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hc
                 tl.store(hcur_ptr + m * H + rh, h, mask=hm)
                 tl.debug_barrier()
             xe = _rms_row(emb_ptr + tok * H, ln_in_ptr, H, eps, BLOCK_H, DT)
-            xh = _rms_row(h_row, ln_hid_ptr, H, eps, BLOCK_H, DT)
             tl.store(xin_ptr + m * 2 * H + rh, xe, mask=hm)
-            tl.store(xin_ptr + m * 2 * H + H + rh, xh, mask=hm)
+            if XH:
+                xh = _rms_row(h_row, ln_hid_ptr, H, eps, BLOCK_H, DT)
+                tl.store(xin_ptr + m * 2 * H + H + rh, xh, mask=hm)
         else:
             e = tl.load(emb_ptr + tok * H + rh, mask=hm, other=0.0)
             h = tl.load(h_row + rh, mask=hm, other=0.0, cache_modifier=".cg")
@@ -368,6 +380,31 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
     for m in range(pid, M, nprog):
         y = _rms_row(x_ptr + m * H, w_ptr, H, eps, BLOCK_H, DT)
         tl.store(y_ptr + m * H + rh, y, mask=rh < H)
+
+
+@triton.jit
+def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
+                   BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr):
+    """EAGLE-3's next-depth QKV, hidden half, ahead of time: its input is
+    ``[norm(embed(token)) | hidden_norm(parent's hidden)]``, and the second half depends only on
+    the parent row, which is one of this depth's R rows. So ``qh[p] = x[p] @ Wqkv[:, H:2H]^T``
+    (fp32, x = hidden_norm of this depth's output rows) is streamed during MERGE, while the
+    ranking keeps a few programs busy and the rest would wait at the barrier; the next QKV
+    streams only the embedding half and adds ``qh[parent]`` (``_ph_linear`` MODE 7). Slabs of
+    RP rows go to the programs after the R that merge rows (all programs, after their rows,
+    when the grid is too small for that)."""
+    NT = NQ + 2 * NKVD
+    S = tl.cdiv(NT, RP)
+    off = tl.where(R + S <= nprog, R, 0)
+    if pid >= off:
+        for v in range(pid - off, S, nprog - off):
+            for s0 in range(0, RP, BNS):
+                rr, rmask, wrow = _slab_rows(v, RP, s0, NQ, NKVD, 2 * H, wq_ptr + H, wk_ptr + H, wv_ptr + H, True, BNS,
+                                             VEC)
+                for m0 in range(0, R, BM):
+                    rm = m0 + tl.arange(0, BM)
+                    acc, _ = _stream_tile(wrow, rmask, x_ptr, H, rm, rm, R, 0, H, BNS, BM, BK, IEEE)
+                    tl.store(qh_ptr + rm[None, :] * NT + rr[:, None], acc, mask=rmask[:, None] & (rm[None, :] < R))
 
 
 @triton.jit
@@ -1058,14 +1095,14 @@ def drafter_kernel(
     # inputs (packed over the batch) and the caches
     meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
-    hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr,
+    hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr, xh_ptr, qh_ptr,
     tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, lml_ptr, part_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
     B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
-    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D,
+    RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, RP_QH,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr, MAX_SPIN: tl.constexpr, TIMING: tl.constexpr,
@@ -1079,6 +1116,7 @@ def drafter_kernel(
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
     VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
+    QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1089,7 +1127,11 @@ def drafter_kernel(
     BM2 > 0 (wide launches): the tree depths' weight-streaming phases take activation rows in tiles
     of BM + BM2 (two accumulators per weight chunk), covering e.g. 160 rows without padding them to
     256. The unsplit linear phases (every one at narrow launches, the context step's at wide ones,
-    with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows."""
+    with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows.
+    QH (eagle3, narrow launches): the tree depths' QKV is split along its input - the hidden half
+    streamed one step early, during MERGE (``_ph_qkv_hidden``: NORM_F also writes the rows'
+    hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
+    each row's parent partial."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1104,19 +1146,21 @@ def drafter_kernel(
         ph = code // 256
         i = code % 256
         is_ctx = i == 255
+        # QH: this step's rows are parents of a next depth's rows (every step but the last depth)
+        ahead = (is_ctx & (D > 0)) | (i + 1 < D)
         # rows of this step: the N packed new rows (context step, up to attention), else B or B*K
         m_in = tl.where(is_ctx, N, B * K)
         m_out = tl.where(is_ctx, B, B * K)
         if ph == 0:  # PH_FC
             if EAGLE3:
-                _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
                            fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
             else:
                 if HAS_FCB:
-                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
                                fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE)
                 else:
-                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
+                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
                                fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
@@ -1124,7 +1168,7 @@ def drafter_kernel(
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, True, BLOCK_H)
             else:
                 _ph_prep(pid, nprog, B * K, fr_tok_ptr, emb_ptr, hout_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
-                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, True, BLOCK_H)
+                         ln_in_ptr, ln_hid_ptr, H, Vt, eps, True, True, BLOCK_H, not QH)
         elif ph == 2:  # PH_PREP2 (eagle2)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, feat_ptr, F, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1145,8 +1189,11 @@ def drafter_kernel(
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
                                  RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2)
+            elif QH and not is_ctx:  # the embedding half + each row's parent partial from MERGE
+                _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, H, qkv_ptr, NQ + 2 * NKVD, qh_ptr,
+                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W)
             else:
-                _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
+                _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
                            fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
@@ -1175,13 +1222,13 @@ def drafter_kernel(
                          tl.where(is_ctx, 0, i + 1), BLOCK_Q, BLOCK_D, 16)
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
-                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
+                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
                                  RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, BM2=BM2)
             else:
-                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
+                _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
@@ -1195,7 +1242,7 @@ def drafter_kernel(
                 _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
                                  RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, BM2=BM2)
             else:
-                _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
+                _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
                            wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
@@ -1206,6 +1253,9 @@ def drafter_kernel(
             _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
         elif ph == 11:  # PH_NORM_F
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
+            if QH and ahead:  # the next depth's hidden_norm of every possible parent, on the programs after these
+                _ph_norm((pid + nprog - m_out % nprog) % nprog, nprog, m_out, hout_ptr, ln_hid_ptr, xh_ptr, H, eps,
+                         BLOCK_H)
         elif ph == 12:  # PH_LMHEAD
             if EAGLE3:
                 x_lm = nf_ptr
@@ -1220,6 +1270,9 @@ def drafter_kernel(
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
+            if QH and ahead:
+                _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
+                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH)
         elif ph == 14:  # PH_SELECT
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,

@@ -120,6 +120,9 @@ class Tuning:
     # mode="persistent" on a GPU: replay the one cooperative launch as a CUDA graph once the same
     # arguments come back (skips Triton's per-launch argument binding, ~0.1-0.3 ms of host time)
     persistent_graph: bool = True
+    # eagle3, narrow launches: stream the next depth's QKV over the hidden half of its input
+    # during MERGE (it depends only on the parent row), so the QKV phase after SELECT streams half
+    qkv_ahead: bool = True
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -205,6 +208,10 @@ class Workspace:
         self.act = e(tr, cfg.intermediate_size)
         self.hout = e(tr, h)
         self.nf = e(tr, h)
+        # eagle3, narrow launches (Tuning.qkv_ahead): the next depth's hidden_norm rows and their
+        # QKV partials over the hidden half of its input (fp32), streamed during MERGE
+        self.xh = e(tr, h)
+        self.qh = e(tr, (nh + 2 * nkv) * d, dt=torch.float32)
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
         # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
@@ -415,7 +422,7 @@ class Drafter:
             weights.norm if weights.norm is not None else lw.post_attention_layernorm,
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
-            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf,
+            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, ws.xh, ws.qh,
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if wide else dummy,
             None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
@@ -438,14 +445,20 @@ class Drafter:
         s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
         s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
+        # the next depth's QKV over the hidden half, on the programs that do not merge a tree row
+        qh = eagle3 and not wide and tn.qkv_ahead
+        free = g - nb * cfg.top_k
+        rp_qh, bns_qh, bk_qh = slab(nq + 2 * nkv, h, free if free > 0 else g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
         if wide:
             need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
             if ws.part is None or ws.part.numel() < need:
                 ws.part = torch.empty(need, dtype=torch.float32, device=self.device)
         args[self._PART_ARG] = ws.part if wide else dummy
-        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d]
+        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh]
+        vec = self.vec16(lw, seqs)
         const = dict(
-            **self.vec16(lw, seqs),
+            **vec,
+            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, VEC_QH=vec["VEC_W"] if h * el % 16 == 0 else 1,
             EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
