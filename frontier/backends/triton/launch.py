@@ -313,6 +313,28 @@ class Drafter:
         k = self.cfg.top_k
         return max(self.tuning.BM, min(self.tuning.bm_max, _pow2(_pow2(batch) * k, 16)))
 
+    def qkv_ahead_slab(self, batch: int) -> tuple[int, int, int]:
+        """(RP, BNS, BK) of the hidden-half QKV stream during MERGE: its rows spread over the
+        programs that merge no tree row (all programs when the grid has none to spare)."""
+        cfg, tn = self.cfg, self.tuning
+        free = self.grid - batch * cfg.top_k
+        nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+        return slab(nt, cfg.hidden_size, free if free > 0 else self.grid, self.dtype.itemsize, 1, tn,
+                    self.block_rows(batch), acc_elems=tn.acc_elems, wide=False)
+
+    def qkv_ahead(self, batch: int) -> bool:
+        """Whether the launch streams the next depth's QKV over the hidden half of its input
+        during MERGE (``Tuning.qkv_ahead``): eagle3 heads at narrow launches, when each streaming
+        program's slab is one sub-slab. (H200, 8B preset, depth 7: batch 1 2.657 vs 2.703 ms; batch
+        4, where 92 free programs gave 67-row slabs as a 64-row and a 3-row sub-slab, 4.34 vs
+        4.21 ms, hence the last condition.)"""
+        if not (self.tuning.qkv_ahead and self.cfg.architecture == "eagle3"):
+            return False
+        if self.block_rows(batch) >= self.tuning.wide_bm:
+            return False
+        rp, bns, _ = self.qkv_ahead_slab(batch)
+        return rp <= bns
+
     def row_tiles(self, batch: int) -> tuple[int, int]:
         """(BM, BM2): the activation tile(s) of the weight-streaming phases. Narrow launches use
         one tile, BM = ``block_rows``. Wide ones (``block_rows >= wide_bm``), with
@@ -445,10 +467,8 @@ class Drafter:
         s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
         s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
-        # the next depth's QKV over the hidden half, on the programs that do not merge a tree row
-        qh = eagle3 and not wide and tn.qkv_ahead
-        free = g - nb * cfg.top_k
-        rp_qh, bns_qh, bk_qh = slab(nq + 2 * nkv, h, free if free > 0 else g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
+        rp_qh, bns_qh, bk_qh = self.qkv_ahead_slab(nb)
+        qh = self.qkv_ahead(nb)
         if wide:
             need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
             if ws.part is None or ws.part.numel() < need:
