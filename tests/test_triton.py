@@ -411,11 +411,13 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
 def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, heads, kv_heads):
     """Narrow eagle3 launches stream the next depth's QKV over the hidden half of its input during
     MERGE (``Tuning.qkv_ahead``) and the QKV phase only over the embedding half plus each row's
-    parent partial. Over grids where the streaming programs are the ones after the merged rows
-    (12 and 8 programs, 2 x 3 tree rows) and the interpreter's 2 programs (every program streams
-    after its rows), and for a hidden size whose half is not 16-byte aligned (30 x fp32): trees,
-    scores and cache rows equal the one-stream launch, tokens and tree torch_ref's, and the last
-    partials are hidden_norm(rows) @ Wqkv[:, H:]^T. Slabs that would need two sub-slabs turn it off."""
+    parent partial. The default runs it when the tree rows fit the batch-1 tile; here two
+    sequences' 2 x 3 rows share a 32-row one (``BM=32``). Over grids where the streaming programs
+    are the ones after the merged rows (12 and 8 programs) and the interpreter's 2 programs (every
+    program streams after its rows), and for a hidden size whose half is not 16-byte aligned
+    (30 x fp32): trees, scores and cache rows equal the one-stream launch, tokens and tree
+    torch_ref's, and the last partials are hidden_norm(rows) @ Wqkv[:, H:]^T. Slabs that would
+    need two sub-slabs, eagle2 heads and rows beyond the batch-1 tile turn it off."""
     from frontier.backends.triton.launch import Tuning
     from frontier.cache import DraftCache
 
@@ -424,7 +426,7 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(qkv_ahead=False), Tuning(), Tuning(grid=12), Tuning(grid=8)):
+    for tn in (Tuning(qkv_ahead=False), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.qkv_ahead(2) == tn.qkv_ahead
         outs.append(out)
@@ -442,13 +444,12 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
     from frontier.backends.triton.launch import Drafter
 
-    small = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, acc_elems=256))
+    small = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, acc_elems=512))
     rp, bns, _ = small.qkv_ahead_slab(2)  # 2 free programs, 16-row sub-slabs
     assert rp > bns and not small.qkv_ahead(2)  # two sub-slabs per slab: off
     eagle2 = random_config(architecture="eagle2")
     assert not Drafter(eagle2, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(2)
-    wide = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=64, wide_bm=16))
-    assert not wide.qkv_ahead(6)  # wide launches split K in their QKV instead
+    assert not Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(6)  # 18 rows > BM 16
 
 
 def test_row_tiles_cover_the_tree_rows_with_less_padding():

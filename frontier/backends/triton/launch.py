@@ -324,13 +324,14 @@ class Drafter:
 
     def qkv_ahead(self, batch: int) -> bool:
         """Whether the launch streams the next depth's QKV over the hidden half of its input
-        during MERGE (``Tuning.qkv_ahead``): eagle3 heads at narrow launches, when each streaming
-        program's slab is one sub-slab. (H200, 8B preset, depth 7: batch 1 2.657 vs 2.703 ms; batch
-        4, where 92 free programs gave 67-row slabs as a 64-row and a 3-row sub-slab, 4.34 vs
-        4.21 ms, hence the last condition.)"""
+        during MERGE (``Tuning.qkv_ahead``): eagle3 heads whose tree rows fit the batch-1 tile
+        (``Tuning.BM``), when each streaming program's slab is one sub-slab. Measured on an H200,
+        depth 7, device ms with / without: 8B preset batch 1 2.657 / 2.703; 1B batch 1 1.688 /
+        1.684, batch 2 2.020 / 1.985, batch 4 2.523 / 2.531; 8B batch 4 4.34 / 4.21 (92 free
+        programs: 67-row slabs, a 64-row and a 3-row sub-slab each). So batch 1 only."""
         if not (self.tuning.qkv_ahead and self.cfg.architecture == "eagle3"):
             return False
-        if self.block_rows(batch) >= self.tuning.wide_bm:
+        if self.block_rows(batch) > self.tuning.BM:
             return False
         rp, bns, _ = self.qkv_ahead_slab(batch)
         return rp <= bns
