@@ -450,6 +450,8 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     eagle2 = random_config(architecture="eagle2")
     assert not Drafter(eagle2, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(2)
     assert not Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(6)  # 18 rows > BM 16
+    wide = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, BM=32, wide_bm=32))
+    assert not wide.qkv_ahead(2)  # a wide launch splits K in its QKV (and PREP3 must write both halves)
 
 
 def test_row_tiles_cover_the_tree_rows_with_less_padding():

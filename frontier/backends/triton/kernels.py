@@ -1128,7 +1128,7 @@ def drafter_kernel(
     of BM + BM2 (two accumulators per weight chunk), covering e.g. 160 rows without padding them to
     256. The unsplit linear phases (every one at narrow launches, the context step's at wide ones,
     with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows.
-    QH (eagle3, narrow launches): the tree depths' QKV is split along its input - the hidden half
+    QH (eagle3; the launcher enables it at batch 1): the tree depths' QKV is split along its input - the hidden half
     streamed one step early, during MERGE (``_ph_qkv_hidden``: NORM_F also writes the rows'
     hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
     each row's parent partial."""

@@ -120,8 +120,8 @@ class Tuning:
     # mode="persistent" on a GPU: replay the one cooperative launch as a CUDA graph once the same
     # arguments come back (skips Triton's per-launch argument binding, ~0.1-0.3 ms of host time)
     persistent_graph: bool = True
-    # eagle3, narrow launches: stream the next depth's QKV over the hidden half of its input
-    # during MERGE (it depends only on the parent row), so the QKV phase after SELECT streams half
+    # eagle3, batch 1 (see Drafter.qkv_ahead): stream the next depth's QKV over the hidden half of
+    # its input during MERGE (it depends only on the parent row); the QKV phase then streams half
     qkv_ahead: bool = True
 
 
@@ -208,10 +208,10 @@ class Workspace:
         self.act = e(tr, cfg.intermediate_size)
         self.hout = e(tr, h)
         self.nf = e(tr, h)
-        # eagle3, narrow launches (Tuning.qkv_ahead): the next depth's hidden_norm rows and their
-        # QKV partials over the hidden half of its input (fp32), streamed during MERGE
-        self.xh = e(tr, h)
-        self.qh = e(tr, (nh + 2 * nkv) * d, dt=torch.float32)
+        # launches with Drafter.qkv_ahead (lazy, [mr, H] / [mr, q+k+v] fp32): the next depth's
+        # hidden_norm rows and their QKV partials over the hidden half of its input
+        self.xh: Optional[torch.Tensor] = None
+        self.qh: Optional[torch.Tensor] = None
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
         # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
@@ -253,6 +253,7 @@ class Drafter:
 
     # position of the split-K scratch in the kernel's argument list
     _PART_ARG = list(inspect.signature(K_.drafter_kernel.fn).parameters).index("part_ptr")
+    _QH_ARG = list(inspect.signature(K_.drafter_kernel.fn).parameters).index("xh_ptr")  # xh, qh
 
     def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None):
         self.cfg, self.dtype, self.device = cfg, dtype, device
@@ -331,7 +332,8 @@ class Drafter:
         programs: 67-row slabs, a 64-row and a 3-row sub-slab each). So batch 1 only."""
         if not (self.tuning.qkv_ahead and self.cfg.architecture == "eagle3"):
             return False
-        if self.block_rows(batch) > self.tuning.BM:
+        bm = self.block_rows(batch)
+        if bm > self.tuning.BM or bm >= self.tuning.wide_bm:  # (wide launches split K in their QKV)
             return False
         rp, bns, _ = self.qkv_ahead_slab(batch)
         return rp <= bns
@@ -445,7 +447,7 @@ class Drafter:
             weights.norm if weights.norm is not None else lw.post_attention_layernorm,
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
-            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, ws.xh, ws.qh,
+            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, None, None,
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if wide else dummy,
             None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
@@ -470,6 +472,10 @@ class Drafter:
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
         rp_qh, bns_qh, bk_qh = self.qkv_ahead_slab(nb)
         qh = self.qkv_ahead(nb)
+        if qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
+            ws.xh = torch.empty(ws.mr, h, dtype=self.dtype, device=self.device)
+            ws.qh = torch.empty(ws.mr, nq + 2 * nkv, dtype=torch.float32, device=self.device)
+        args[self._QH_ARG:self._QH_ARG + 2] = [ws.xh, ws.qh] if qh else [dummy, dummy]
         if wide:
             need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
             if ws.part is None or ws.part.numel() < need:
