@@ -348,6 +348,7 @@ def _assert_same_launch(a, b):
     torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
     for x, y in zip(c0, c1):  # the new rows' K/V reached each cache identically
         assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
+        assert torch.equal(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n])
 
 
 def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():

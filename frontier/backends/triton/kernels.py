@@ -397,14 +397,9 @@ def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh
     S = tl.cdiv(NT, RP)
     off = tl.where(R + S <= nprog, R, 0)
     if pid >= off:
-        for v in range(pid - off, S, nprog - off):
-            for s0 in range(0, RP, BNS):
-                rr, rmask, wrow = _slab_rows(v, RP, s0, NQ, NKVD, 2 * H, wq_ptr + H, wk_ptr + H, wv_ptr + H, True, BNS,
-                                             VEC)
-                for m0 in range(0, R, BM):
-                    rm = m0 + tl.arange(0, BM)
-                    acc, _ = _stream_tile(wrow, rmask, x_ptr, H, rm, rm, R, 0, H, BNS, BM, BK, IEEE)
-                    tl.store(qh_ptr + rm[None, :] * NT + rr[:, None], acc, mask=rmask[:, None] & (rm[None, :] < R))
+        for v in range(pid - off, S, nprog - off):  # slab v: _ph_linear's QKV mode, stored in fp32
+            _ph_linear(v, nprog, x_ptr, H, R, wq_ptr + H, NQ, 2 * H, H, qh_ptr, NT, qh_ptr, NT, qh_ptr,
+                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC)
 
 
 @triton.jit
