@@ -27,6 +27,7 @@ ap.add_argument("--arch", type=int, default=90)
 ap.add_argument("--grid", type=int, default=132)
 ap.add_argument("--tuning", nargs="*", default=[], help="Tuning field=value overrides")
 ap.add_argument("--ptx", default=None, help="also write the PTX here (e.g. to count vector loads)")
+ap.add_argument("--cubin", default=None, help="also write the cubin here (cuobjdump -sass reads it)")
 a = ap.parse_args()
 
 over = {}
@@ -103,6 +104,8 @@ with tempfile.TemporaryDirectory() as tmp:
     open(ptx, "w").write(k.asm["ptx"])
     if a.ptx:
         open(a.ptx, "w").write(k.asm["ptx"])
+    if a.cubin:
+        open(a.cubin, "wb").write(k.asm["cubin"])
     pt = get_ptxas(a.arch)
     exe = pt.path if hasattr(pt, "path") else pt[0]
     out = subprocess.run([exe, "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(tmp, "k.cubin")],
