@@ -59,11 +59,10 @@ def probe_empty(x_ptr):
 
 # textual edits of kernels.py (measurement only)
 EDITS = {
-    # scores scaled by a multiply instead of the correctly rounded division (not exact)
-    "muls": [("s = tl.math.div_rn(s.to(DT).to(tl.float32), sqrt_d)", "s = s.to(DT).to(tl.float32) * (1.0 / sqrt_d)")],
-    # probabilities by a multiply with 1/l (not exact)
-    "mulp": [("p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)",
-              "p = (tl.exp(s - m_i[:, None]) * (1.0 / l_i)[:, None]).to(DT)")],
+    # the attention's divisions back on div.rn.f32 (before _div_rn_by)
+    "divrn": [("    q = x * r\n    return tl.fma(tl.fma(-q, d, x), r, q)", "    return tl.math.div_rn(x, d)")],
+    # a plain multiply by the reciprocal, no correction (not exact)
+    "mul": [("    q = x * r\n    return tl.fma(tl.fma(-q, d, x), r, q)", "    return x * r")],
 }
 LAUNCH = {"w4": dict(num_warps=4), "w8": dict(num_warps=8), "s2": dict(num_stages=2), "s3": dict(num_stages=3),
           "s4": dict(num_stages=4), "n32": dict(BLOCK_N=32), "n64": dict(BLOCK_N=64), "n128": dict(BLOCK_N=128)}

@@ -594,3 +594,58 @@ def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     assert vec(cfg, shifted) == dict(VEC_W=16 // el, VEC_KV=1)
     odd = random_config(hidden_size=8, num_attention_heads=4, num_key_value_heads=2)  # head_dim 2: 4 or 8 bytes
     assert vec(odd, DraftCache.fresh(odd, context_length=8, dtype=dtype, device="cpu"))["VEC_KV"] == 1
+
+
+try:  # the division helper alone, in a one-phase kernel
+    import triton
+    import triton.language as tl
+
+    from frontier.backends.triton import kernels as K_
+
+    @triton.jit
+    def _div_probe(x_ptr, d_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        d = tl.load(d_ptr + offs, mask=m, other=1.0)
+        tl.store(y_ptr + offs, K_._div_rn_by(x, d, tl.math.div_rn(1.0 + 0.0 * d, d)), mask=m)
+except ImportError:  # the module's skip marker covers a missing triton
+    _div_probe = None
+
+
+def _div_rn_by(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    x, d = x.to(DEVICE).contiguous(), d.to(DEVICE).contiguous()
+    y = torch.empty_like(x)
+    block = 4096
+    _div_probe[(-(-x.numel() // block),)](x, d, y, x.numel(), BLOCK=block)
+    return y.cpu()
+
+
+def test_div_rn_by_matches_division():
+    """The attention's divisions (scores by sqrt(head_dim), probabilities by their row's sum of
+    exp) are a multiply by the correctly rounded reciprocal plus one FMA correction: equal to the
+    IEEE quotient (CPU fp32 division) for every quotient of magnitude >= 2^-100 - every finite
+    bf16 score for several head dims, random fp32 bit patterns, and probabilities exp(-u) / l -
+    and at most one unit apart below that."""
+    import math
+
+    g = torch.Generator().manual_seed(5)
+    bits = torch.arange(65536, dtype=torch.int32) << 16  # every bf16 value, as fp32
+    bf = bits.view(torch.float32)
+    bf = bf[torch.isfinite(bf)]
+    rand = torch.randint(-2**31, 2**31 - 1, (1 << 18,), generator=g, dtype=torch.int32).view(torch.float32)
+    rand = rand[torch.isfinite(rand)]
+    cases = [(bf, torch.full_like(bf, math.sqrt(hd))) for hd in (32, 64, 80, 96, 128, 256)]
+    cases.append((rand, torch.full_like(rand, math.sqrt(128))))
+    e = torch.exp(-torch.rand(1 << 18, generator=g, dtype=torch.float64) * 100).float()
+    cases.append((e, (1 + torch.rand(1 << 18, generator=g) * 2047).float()))
+    tiny = 2.0 ** -100
+    for x, d in cases:
+        want = x / d
+        got = _div_rn_by(x, d)
+        big = want.abs() >= tiny
+        assert torch.equal(got[big], want[big]), (x[big][got[big] != want[big]][:4], d[0])
+        off = ~big & (got != want)  # (+0 and -0 compare equal: a -0 quotient may come out +0)
+        ulps = (got[off].view(torch.int32).long() - want[off].view(torch.int32).long()).abs()
+        assert ulps.numel() == 0 or int(ulps.max()) <= 1, ulps.max()
+        assert big.sum() > 0.5 * x.numel()  # most of every case is in the exact range

@@ -95,6 +95,20 @@ def _key_idx(k):
 
 
 @triton.jit
+def _div_rn_by(x, d, r):
+    """``x / d`` rounded to nearest like ``div_rn``, for a divisor shared by many x, given its
+    correctly rounded reciprocal ``r = div_rn(1, d)``: q = x * r is within one ulp of x / d, and one
+    correction with the exact residual x - q * d (an FMA) rounds it to the nearest (Markstein's
+    theorem). Two FMAs and a multiply per element instead of ``div.rn.f32``'s sequence (which,
+    measured, more than doubled the attention's time). The theorem needs an exact residual, so
+    quotients below about 2^-100 in magnitude (a residual under the normal range) may be one unit
+    off; the attention's are scores and probabilities that small, whose effect on any output is
+    below fp32 rounding (``test_div_rn_by_matches_division``)."""
+    q = x * r
+    return tl.fma(tl.fma(-q, d, x), r, q)
+
+
+@triton.jit
 def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     """RMSNorm of one row as the reference computes it: fp32, cast, then the weight multiply."""
     rh = tl.arange(0, BLOCK_H)
@@ -490,7 +504,7 @@ def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.conste
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
-    s = tl.math.div_rn(s.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
+    s = _div_rn_by(s.to(DT).to(tl.float32), sqrt_d, tl.math.div_rn(1.0, sqrt_d)).to(DT).to(tl.float32)
     return tl.where((rj < nctx)[None, :], s, float("-inf")), rj
 
 
@@ -503,7 +517,7 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
     kt = tl.load(tk_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                  mask=qmask[:, None] & (rd[None, :] < HD), other=0.0, cache_modifier=".cg")
     sa = tl.sum(q.to(tl.float32) * kt.to(tl.float32), axis=1)
-    sa = tl.math.div_rn(sa.to(DT).to(tl.float32), sqrt_d).to(DT).to(tl.float32)
+    sa = _div_rn_by(sa.to(DT).to(tl.float32), sqrt_d, tl.math.div_rn(1.0, sqrt_d)).to(DT).to(tl.float32)
     return sa, slot
 
 
@@ -559,9 +573,10 @@ def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt
     """acc += P V over context keys [j_lo, j_hi), P = round_dtype(exp(s - m) / l) with the
     row's final max m and sum l (the reference casts softmax's output before ``@ V``)."""
     rd = tl.arange(0, BLOCK_D)
+    inv_l = tl.math.div_rn(1.0 + 0.0 * l_i, l_i)
     for j0 in range(j_lo, j_hi, BLOCK_N):
         s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-        p = tl.math.div_rn(tl.exp(s - m_i[:, None]), l_i[:, None]).to(DT)
+        p = _div_rn_by(tl.exp(s - m_i[:, None]), l_i[:, None], inv_l[:, None]).to(DT)
         v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
                     mask=(rj < j_hi)[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg")
         acc = _mma(p, v, acc, IEEE)
@@ -575,7 +590,7 @@ def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qm
     rd = tl.arange(0, BLOCK_D)
     for a in range(n_anc):
         sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT, BLOCK_D)
-        pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+        pa = _div_rn_by(tl.exp(sa - m_i), l_i, tl.math.div_rn(1.0 + 0.0 * l_i, l_i)).to(DT).to(tl.float32)
         vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                      mask=qmask[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
         acc += pa[:, None] * vt
@@ -661,7 +676,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
             else:
                 sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, c - NCH, sqrt_d,
                                         HD, DT, BLOCK_D)
-                pa = tl.math.div_rn(tl.exp(sa - m_i), l_i).to(DT).to(tl.float32)
+                pa = _div_rn_by(tl.exp(sa - m_i), l_i, tl.math.div_rn(1.0 + 0.0 * l_i, l_i)).to(DT).to(tl.float32)
                 vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                              mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
                 acc = pa[:, None] * vt
