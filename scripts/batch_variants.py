@@ -43,6 +43,7 @@ TUNINGS = {
     "al16": dict(slab_align=16),
     "al8": dict(slab_align=8),
     "na32": dict(BLOCK_NA=32),
+    "na16": dict(BLOCK_NA=16),
     "lm32k": dict(lm_stage_bytes=32768),
     "st16k": dict(stage_bytes=16384),
     "st64k": dict(stage_bytes=65536),
