@@ -106,7 +106,9 @@ class Tuning:
     lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
     num_warps: int = 8
     num_stages: int = 3
-    BLOCK_NA: int = 64  # context keys per attention block (split attention)
+    # context keys per attention block (split attention); None: 32 at batch 1, 64 above (H200,
+    # seventh session: 8B batch 1 2.556 vs 2.582 ms, 1B 1.589 vs 1.605; batch 4 0.2-0.4% slower)
+    BLOCK_NA: Optional[int] = None
     attn_chunks: int = 4  # least context chunks per (sequence, KV head) when batching (split attention)
     fused_attention: bool = True  # big batches: attention as one phase per (sequence, KV head)
     fused_block_n: int = 64  # context keys per block of the fused attention
@@ -493,7 +495,7 @@ class Drafter:
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + cfg.depth + 1),
-            BLOCK_NA=tn.BLOCK_NA if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
+            BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
