@@ -102,8 +102,8 @@ def _div_rn_by(x, d, r):
     theorem). Two FMAs and a multiply per element instead of ``div.rn.f32``'s sequence (which,
     measured, more than doubled the attention's time). The theorem needs an exact residual, so
     quotients below about 2^-100 in magnitude (a residual under the normal range) may be one unit
-    off; the attention's are scores and probabilities that small, whose effect on any output is
-    below fp32 rounding (``test_div_rn_by_matches_division``)."""
+    off; in the attention those are scores or probabilities so small that no output moves by them
+    (below fp32 rounding of the sums they enter; ``test_div_rn_by_matches_division``)."""
     q = x * r
     return tl.fma(tl.fma(-q, d, x), r, q)
 
