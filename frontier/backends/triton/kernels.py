@@ -95,9 +95,15 @@ def _key_idx(k):
 
 
 @triton.jit
+def _recip_rn(d):
+    """``1 / d`` correctly rounded (``div_rn``), for a scalar or a tensor d."""
+    return tl.math.div_rn(1.0 + 0.0 * d, d)
+
+
+@triton.jit
 def _div_rn_by(x, d, r):
     """``x / d`` rounded to nearest like ``div_rn``, for a divisor shared by many x, given its
-    correctly rounded reciprocal ``r = div_rn(1, d)``: q = x * r is within one ulp of x / d, and one
+    correctly rounded reciprocal ``r = _recip_rn(d)``: q = x * r is within one ulp of x / d, and one
     correction with the exact residual x - q * d (an FMA) rounds it to the nearest (Markstein's
     theorem). Two FMAs and a multiply per element instead of ``div.rn.f32``'s sequence (which,
     measured, more than doubled the attention's time). The theorem needs an exact residual, so
@@ -115,7 +121,7 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     hm = rh < H
     x = tl.load(x_ptr + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
     var = tl.math.div_rn(tl.sum(x * x, axis=0), H.to(tl.float32))
-    rstd = tl.math.div_rn(var * 0.0 + 1.0, tl.sqrt_rn(var + eps))
+    rstd = _recip_rn(tl.sqrt_rn(var + eps))
     y = (x * rstd).to(DT).to(tl.float32)
     w = tl.load(w_ptr + rh, mask=hm, other=0.0).to(tl.float32)
     return (w * y).to(DT)
@@ -504,7 +510,7 @@ def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.conste
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
-    s = _div_rn_by(s.to(DT).to(tl.float32), sqrt_d, tl.math.div_rn(1.0, sqrt_d)).to(DT).to(tl.float32)
+    s = _div_rn_by(s.to(DT).to(tl.float32), sqrt_d, _recip_rn(sqrt_d)).to(DT).to(tl.float32)
     return tl.where((rj < nctx)[None, :], s, float("-inf")), rj
 
 
@@ -517,7 +523,7 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
     kt = tl.load(tk_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                  mask=qmask[:, None] & (rd[None, :] < HD), other=0.0, cache_modifier=".cg")
     sa = tl.sum(q.to(tl.float32) * kt.to(tl.float32), axis=1)
-    sa = _div_rn_by(sa.to(DT).to(tl.float32), sqrt_d, tl.math.div_rn(1.0, sqrt_d)).to(DT).to(tl.float32)
+    sa = _div_rn_by(sa.to(DT).to(tl.float32), sqrt_d, _recip_rn(sqrt_d)).to(DT).to(tl.float32)
     return sa, slot
 
 
@@ -573,7 +579,7 @@ def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt
     """acc += P V over context keys [j_lo, j_hi), P = round_dtype(exp(s - m) / l) with the
     row's final max m and sum l (the reference casts softmax's output before ``@ V``)."""
     rd = tl.arange(0, BLOCK_D)
-    inv_l = tl.math.div_rn(1.0 + 0.0 * l_i, l_i)
+    inv_l = _recip_rn(l_i)
     for j0 in range(j_lo, j_hi, BLOCK_N):
         s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
         p = _div_rn_by(tl.exp(s - m_i[:, None]), l_i[:, None], inv_l[:, None]).to(DT)
@@ -588,9 +594,10 @@ def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qm
              HD, DT: tl.constexpr, BLOCK_D: tl.constexpr):
     """acc += P V over each row's ancestor slots (gathered keys and values)."""
     rd = tl.arange(0, BLOCK_D)
+    inv_l = _recip_rn(l_i)
     for a in range(n_anc):
         sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD, DT, BLOCK_D)
-        pa = _div_rn_by(tl.exp(sa - m_i), l_i, tl.math.div_rn(1.0 + 0.0 * l_i, l_i)).to(DT).to(tl.float32)
+        pa = _div_rn_by(tl.exp(sa - m_i), l_i, inv_l).to(DT).to(tl.float32)
         vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                      mask=qmask[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
         acc += pa[:, None] * vt
@@ -676,7 +683,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
             else:
                 sa, slot = _tree_scores(q, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, c - NCH, sqrt_d,
                                         HD, DT, BLOCK_D)
-                pa = _div_rn_by(tl.exp(sa - m_i), l_i, tl.math.div_rn(1.0 + 0.0 * l_i, l_i)).to(DT).to(tl.float32)
+                pa = _div_rn_by(tl.exp(sa - m_i), l_i, _recip_rn(l_i)).to(DT).to(tl.float32)
                 vt = tl.load(tv_ptr + g * t_head_stride + slot[:, None] * HD + rd[None, :],
                              mask=qmask[:, None] & dm[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
                 acc = pa[:, None] * vt
