@@ -91,6 +91,9 @@ def frontier_generate(
     options: passed to the backend untouched, except ``check_token_range`` (default True): for
         weight-carrying backends the ids are checked against the target vocabulary, which on
         CUDA is one host read before the call; pass False to skip it (graph capture, no-sync loops).
+        torch_ref and triton accept ``trace=True``: the call's whole candidate list (and from
+        torch_ref every top-K's log-prob rows) in ``Frontier.info["trace"]``, for the near-tie check
+        of :func:`frontier.parity.near_tie_report`.
     """
     if isinstance(features_concat, (list, tuple)):
         # Ragged batch: one tree per sequence (see frontier.batch).

@@ -13,11 +13,13 @@ whole call succeeded, so a failing call leaves the cache as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from ...cache import DraftCache
 from ...config import FrontierConfig
+from ...parity import CandidateTrace
 from ...result import Frontier
 from ...tree import expansion_parents, frontier_from_candidates
 from ...weights import DraftWeights
@@ -42,6 +44,7 @@ class Candidates:
     scores: list[torch.Tensor]  # each [K] or [K*K]
     tokens: list[torch.Tensor]  # each [K] or [K*K] target ids
     row_parents: list[torch.Tensor]  # each [1] (root group) or [K]: stored parent of each sibling group
+    log_probs: Optional[list[torch.Tensor]] = None  # option trace=True: each top-K's rows, [V] then [K, V]
 
 
 def context_step(cfg: FrontierConfig, w: DraftWeights, cache: DraftCache, ids: torch.Tensor, features: torch.Tensor):
@@ -65,6 +68,8 @@ def root_children(cfg: FrontierConfig, w: DraftWeights, h_last: torch.Tensor, ca
     p0 = log_probs(cfg, w, h_last[None])[0]  # [V]
     top = torch.topk(p0, k, dim=-1)
     tokens = to_target_ids(cfg, w, top.indices)  # [K]
+    if cand.log_probs is not None:
+        cand.log_probs.append(p0)
     cand.scores.append(top.values)
     cand.tokens.append(tokens)
     cand.row_parents.append(torch.zeros(1, dtype=torch.long, device=h_last.device))
@@ -105,6 +110,8 @@ def expand_depth(
     cand.row_parents.append(expansion_parents(rows.pick, i, k))  # [K]
     lp = log_probs(cfg, w, out.hidden)  # [K, V]
     top = torch.topk(lp, k, dim=-1)  # children of each row: [K, K]
+    if cand.log_probs is not None:
+        cand.log_probs.append(lp)
     cu_scores = top.values + rows.scores[:, None]  # [K, K] cs[r, j] = score[r] + lp[r, j]
     child_tokens = to_target_ids(cfg, w, top.indices)  # [K, K]
     cand.scores.append(cu_scores.reshape(-1))
@@ -131,7 +138,8 @@ def draft_call(request) -> Frontier:
 
     # 1. context step
     h_last, new_k, new_v = context_step(cfg, w, cache, ids, request.features[0])
-    cand = Candidates(scores=[], tokens=[], row_parents=[])
+    trace = bool(request.options.get("trace"))
+    cand = Candidates(scores=[], tokens=[], row_parents=[], log_probs=[] if trace else None)
     rows = root_children(cfg, w, h_last, cand)
 
     # 2. depth loop over the tree; scratch K/V = context rows (cached + new) then tree rows
@@ -146,6 +154,13 @@ def draft_call(request) -> Frontier:
         torch.cat(cand.scores), torch.cat(cand.tokens), torch.cat(cand.row_parents), root, total_token=cfg.total_token,
         top_k=cfg.top_k, depth=cfg.depth, sampling=request.sampling, padded=request.padded, cache=cache,
     )
+
+    if trace:  # the candidate list and every top-K's log-probs, for frontier.parity
+        vocab = torch.arange(cfg.vocab_size, device=root.device)  # [V]
+        fr.info["trace"] = CandidateTrace(
+            scores=torch.cat(cand.scores).float(), tokens=torch.cat(cand.tokens), row_parents=torch.cat(cand.row_parents),
+            log_probs=cand.log_probs, draft_to_target=to_target_ids(cfg, w, vocab),
+        )
 
     # Only now, with everything computed, do the new context rows enter the cache.
     for layer in range(cfg.num_layers):

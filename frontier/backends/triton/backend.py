@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from ...parity import CandidateTrace
 from ...registry import Backend
 from ...result import Frontier
 from ...tree import pack_tree
@@ -128,7 +129,7 @@ class TritonBackend(Backend):
         d = self.drafter(cfg, w.dtype, r0.device)
         with d_lock(d):
             d.alloc_outputs(len(requests))
-            d.run_batch(w, seqs, mode)
+            ws = d.run_batch(w, seqs, mode)
             need_host = any(not r.padded for r in requests)
             leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
             if mode == "persistent":
@@ -151,7 +152,7 @@ class TritonBackend(Backend):
                     if not r.padded:
                         n_leaves, deepest = leaf_info[b]
                         ret = ret[:n_leaves, : deepest + 1].contiguous()
-                results.append(Frontier(
+                fr = Frontier(
                     draft_tokens=out_tok[None],
                     retrieve_indices=ret,
                     tree_mask=mask,
@@ -161,7 +162,11 @@ class TritonBackend(Backend):
                     parents=parents[b],
                     leaf_count=leaf_count,
                     padded=r.padded,
-                ))
+                )
+                if r.options.get("trace"):  # the candidate list as the kernel built it (frontier.parity)
+                    fr.info["trace"] = CandidateTrace(scores=ws.cand_score[b].clone(), tokens=ws.cand_tok[b].clone(),
+                                                      row_parents=ws.row_par[b].clone())
+                results.append(fr)
         for cache, s in zip(caches, seqs):
             cache.commit(s.c + s.n)  # the kernel wrote rows [c, c+n); only now do they count
         return results
