@@ -52,8 +52,8 @@ class CandidateTrace:
     scores: [C] float32 cumulative log-probs; tokens: [C] int64 target ids; row_parents:
     [C // K] int64 stored parent of each group of K siblings (SPEC "Parent numbering").
     log_probs (torch_ref only): the rows each top-K was taken from, in the compute dtype: the
-    root's [V], then one [K, V] per depth. draft_to_target: [V] int64 target id of each draft
-    index (None when the vocabularies coincide).
+    root's [V], then one [K, V] per depth. draft_to_target (torch_ref only): [V] int64 target
+    id of each draft index (the identity when the vocabularies coincide).
     """
 
     scores: torch.Tensor
@@ -147,7 +147,8 @@ def near_tie_report(ref: Frontier, other: Frontier, cfg, ulps: float = 2.0) -> T
     k, depth = cfg.top_k, cfg.depth
     rows = r.log_probs
     dtype = rows[0].dtype
-    unit = torch.finfo(dtype).eps * max(float(lp.float()[torch.isfinite(lp.float())].abs().max()) for lp in rows)
+    spread = max(float(lp.float().nan_to_num(0.0, 0.0, 0.0).abs().max()) for lp in rows)  # finite values only
+    unit = torch.finfo(dtype).eps * max(spread, 1e-30)  # (a one-token vocabulary has log-probs of 0)
     identical = ref.same_tree(other)
     # the other call's tree, rebuilt from its own candidate list by the shared selection/packing
     root = other.draft_tokens[0, :1].cpu()
