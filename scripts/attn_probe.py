@@ -159,7 +159,7 @@ def main():
     for name in a.variants.split(","):
         parts = name.split("+")
         mod = variant_module("+".join(p for p in parts if p in EDITS) or "base")
-        opt = dict(num_warps=v["num_warps"], num_stages=v["num_stages"])
+        opt = dict(num_warps=v["num_warps"], num_stages=v["num_stages"], enable_fp_fusion=v.get("enable_fp_fusion", True))
         bn = None
         for p in parts:
             for k, val in LAUNCH.get(p, {}).items():

@@ -61,7 +61,7 @@ finally:
 
 names = list(inspect.signature(real.fn).parameters)
 kw = dict(captured["kw"])
-opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "launch_cooperative_grid") if k in kw}
+opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "launch_cooperative_grid", "enable_fp_fusion") if k in kw}
 short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
 # specialisation as Triton's launcher makes it on the GPU: 16-byte aligned pointers and integers
 # divisible by 16 carry tt.divisibility=16, integers equal to 1 become constants (except the
@@ -91,7 +91,8 @@ for name in names:
         const[(names.index(name),)] = kw[name]
 src = triton.compiler.ASTSource(fn=real, signature=sig, constexprs=const, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", a.arch, 32),
-                   options=dict(num_warps=opts.get("num_warps", 4), num_stages=opts.get("num_stages", 3)))
+                   options=dict(num_warps=opts.get("num_warps", 4), num_stages=opts.get("num_stages", 3),
+                                **({"enable_fp_fusion": opts["enable_fp_fusion"]} if "enable_fp_fusion" in opts else {})))
 import re
 import subprocess
 import tempfile

@@ -649,3 +649,24 @@ def test_div_rn_by_matches_division():
         ulps = (got[off].view(torch.int32).long() - want[off].view(torch.int32).long()).abs()
         assert ulps.numel() == 0 or int(ulps.max()) <= 1, ulps.max()
         assert big.sum() > 0.5 * x.numel()  # most of every case is in the exact range
+
+
+def test_launches_pin_fp_fusion(monkeypatch):
+    """Every launch asks for contracted multiply-adds explicitly: the bits and timings measured so
+    far were compiled that way, and Triton 3.10 turns its default off."""
+    from frontier.backends.triton.launch import Drafter
+
+    seen = []
+    for path in ("_launch_steps", "_persistent_launch", "_persistent_graphed", "_capture"):
+        real = getattr(Drafter, path)
+
+        def spy(self, args, const, grid, *rest, _real=real):
+            seen.append(const.get("enable_fp_fusion"))
+            return _real(self, args, const, grid, *rest)
+
+        monkeypatch.setattr(Drafter, path, spy)
+    cfg = random_config()
+    w = random_weights(cfg, seed=1, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=4, seed=2)
+    frontier_generate(cfg, feats.to(DEVICE), "triton", input_ids=ids.to(DEVICE), weights=w)
+    assert seen and all(v is True for v in seen), seen

@@ -499,6 +499,9 @@ class Drafter:
             BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
+            # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
+            # with (Triton's default until 3.9; 3.10 turns the default off, which changes bits and speed).
+            enable_fp_fusion=True,
         )
         grid = (self.grid,)
         if mode == "persistent":
