@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from .result import Frontier
-from .tree import frontier_from_candidates
+from .tree import chosen_candidates, frontier_from_candidates
 
 
 @dataclass
@@ -207,8 +207,7 @@ def near_tie_report(ref: Frontier, other: Frontier, cfg, ulps: float = 2.0) -> T
                 return rep
     # 3. the final selection (every candidate is the same path in both lists)
     noise = max(noise, diff(r.scores, o.scores))
-    chosen = torch.sort(torch.sort(o.scores, descending=True, stable=True).indices[: cfg.total_token - 1]).values
-    ref_chosen = torch.sort(torch.sort(r.scores, descending=True, stable=True).indices[: cfg.total_token - 1]).values
+    chosen, ref_chosen = chosen_candidates(o.scores, cfg.total_token), chosen_candidates(r.scores, cfg.total_token)
     if not torch.equal(chosen, ref_chosen):
         return done("final", order_gap(r.scores, chosen, ordered=False), depth,
                     f"{int((~torch.isin(chosen, ref_chosen)).sum())} of {chosen.numel()} chosen nodes differ")

@@ -145,6 +145,13 @@ def expansion_parents(pick: torch.Tensor, depth_index: int, top_k: int) -> torch
     return pick + offset  # [K]
 
 
+def chosen_candidates(cand_scores: torch.Tensor, total_token: int) -> torch.Tensor:
+    """The final selection's rule (SPEC step 3): the T-1 best scores, equal scores ranking the
+    lower candidate index first, as ascending candidate indices [T-1]."""
+    order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices  # [C]
+    return torch.sort(order[: total_token - 1]).values  # [T-1]
+
+
 def select_nodes(
     cand_scores: torch.Tensor,
     cand_tokens: torch.Tensor,
@@ -168,8 +175,7 @@ def select_nodes(
     # round to its parent's) it guarantees that a chosen node's parent, which always has a
     # lower index and a score >= the child's, is chosen too; torch.topk may drop the parent,
     # which leaves the parent search below pointing at the wrong node.
-    order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices  # [C]
-    chosen = torch.sort(order[: total_token - 1]).values  # [T-1] ascending candidate indices
+    chosen = chosen_candidates(cand_scores, total_token)  # [T-1] ascending candidate indices
     draft_tokens = torch.cat([root_token.reshape(1), cand_tokens[chosen]])[None]  # [1, T]
     stored = row_parents[chosen // top_k]  # [T-1]
     parent_pos = parent_positions(chosen, stored)  # [T-1]
@@ -208,4 +214,4 @@ def frontier_from_candidates(
     )
 
 
-__all__ += ["expansion_parents", "select_nodes", "frontier_from_candidates"]
+__all__ += ["expansion_parents", "chosen_candidates", "select_nodes", "frontier_from_candidates"]
