@@ -325,19 +325,20 @@ class Drafter:
         return slab(nt, cfg.hidden_size, free if free > 0 else self.grid, self.dtype.itemsize, 1, tn,
                     self.block_rows(batch), acc_elems=tn.acc_elems, wide=False)
 
-    def qkv_ahead(self, batch: int) -> bool:
+    def qkv_ahead(self, batch: int, slab_: Optional[tuple[int, int, int]] = None) -> bool:
         """Whether the launch streams the next depth's QKV over the hidden half of its input
         during MERGE (``Tuning.qkv_ahead``): eagle3 heads whose tree rows fit the batch-1 tile
         (``Tuning.BM``), when each streaming program's slab is one sub-slab. Measured on an H200,
         depth 7, device ms with / without: 8B preset batch 1 2.657 / 2.703; 1B batch 1 1.688 /
         1.684, batch 2 2.020 / 1.985, batch 4 2.523 / 2.531; 8B batch 4 4.34 / 4.21 (92 free
-        programs: 67-row slabs, a 64-row and a 3-row sub-slab each). So batch 1 only."""
+        programs: 67-row slabs, a 64-row and a 3-row sub-slab each). So batch 1 only.
+        ``slab_``: ``qkv_ahead_slab(batch)`` when the caller has it already."""
         if not (self.tuning.qkv_ahead and self.cfg.architecture == "eagle3"):
             return False
         bm = self.block_rows(batch)
         if bm > self.tuning.BM or bm >= self.tuning.wide_bm:  # (wide launches split K in their QKV)
             return False
-        rp, bns, _ = self.qkv_ahead_slab(batch)
+        rp, bns, _ = slab_ or self.qkv_ahead_slab(batch)
         return rp <= bns
 
     def row_tiles(self, batch: int) -> tuple[int, int]:
@@ -472,8 +473,8 @@ class Drafter:
         s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
         s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
-        rp_qh, bns_qh, bk_qh = self.qkv_ahead_slab(nb)
-        qh = self.qkv_ahead(nb)
+        rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
+        qh = self.qkv_ahead(nb, slab_qh)
         if qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
             ws.xh = torch.empty(ws.mr, h, dtype=self.dtype, device=self.device)
             ws.qh = torch.empty(ws.mr, nq + 2 * nkv, dtype=torch.float32, device=self.device)
