@@ -128,47 +128,60 @@ class TritonBackend(Backend):
 
         d = self.drafter(cfg, w.dtype, r0.device)
         with d_lock(d):
-            d.alloc_outputs(len(requests))
-            ws = d.run_batch(w, seqs, mode)
-            need_host = any(not r.padded for r in requests)
-            leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
+            ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
+            # The Frontiers are built while the GPU drafts (their ops queue behind the kernel),
+            # then the error flag is read: the call's one host read. A failed call commits nothing,
+            # and a flagged kernel is reported as such even if its garbage broke the assembly.
+            try:
+                results = self._frontiers(d, ws, requests, caches)
+            except Exception:
+                if mode == "persistent":
+                    d.check_error()
+                raise
             if mode == "persistent":
-                d.check_error()  # one host read, after the packing work is queued behind the kernel
-            # per-sequence views, made in one op per output
-            parents = torch.cat([d.out_par.new_zeros(len(requests), 1), d.out_par], dim=1).unbind(0)
-            toks, pars, scores = d.out_tok.unbind(0), d.out_par.unbind(0), d.out_score.unbind(0)
-            masks, poss, rets, leaves = (d.out_mask[:, None, None].unbind(0), d.out_pos.unbind(0), d.out_ret.unbind(0),
-                                         d.out_leaf[:, 0].unbind(0))
-            results = []
-            for b, r in enumerate(requests):
-                out_tok, out_par, out_score = toks[b], pars[b], scores[b]
-                if r.sampling or r.options.get("pack") == "torch":
-                    # sampling orders retrieve rows lexicographically: the shared packer does it
-                    packed = pack_tree(out_par, sampling=r.sampling, padded=r.padded, max_depth=cfg.depth + 1)
-                    mask, pos, ret, leaf_count = (packed.tree_mask, packed.tree_position_ids,
-                                                  packed.retrieve_indices, packed.leaf_count)
-                else:  # packed in the kernel's final phase, pack_tree's exact layout
-                    mask, pos, ret, leaf_count = masks[b], poss[b], rets[b], leaves[b]
-                    if not r.padded:
-                        n_leaves, deepest = leaf_info[b]
-                        ret = ret[:n_leaves, : deepest + 1].contiguous()
-                fr = Frontier(
-                    draft_tokens=out_tok[None],
-                    retrieve_indices=ret,
-                    tree_mask=mask,
-                    tree_position_ids=pos,
-                    cache=caches[b],
-                    scores=out_score,
-                    parents=parents[b],
-                    leaf_count=leaf_count,
-                    padded=r.padded,
-                )
-                if r.options.get("trace"):  # the candidate list as the kernel built it (frontier.parity)
-                    fr.info["trace"] = CandidateTrace(scores=ws.cand_score[b].clone(), tokens=ws.cand_tok[b].clone(),
-                                                      row_parents=ws.row_par[b].clone())
-                results.append(fr)
+                d.check_error()
         for cache, s in zip(caches, seqs):
             cache.commit(s.c + s.n)  # the kernel wrote rows [c, c+n); only now do they count
+        return results
+
+    @staticmethod
+    def _frontiers(d, ws, requests, caches) -> list[Frontier]:
+        """One Frontier per sequence: views of the launch's batched outputs (one op per output)."""
+        cfg = requests[0].cfg
+        need_host = any(not r.padded for r in requests)
+        leaf_info = d.out_leaf.tolist() if need_host else None  # the one host read that sizes retrieve rows
+        parents = torch.cat([d.out_par.new_zeros(len(requests), 1), d.out_par], dim=1).unbind(0)
+        toks, pars, scores = d.out_tok.unbind(0), d.out_par.unbind(0), d.out_score.unbind(0)
+        masks, poss, rets, leaves = (d.out_mask[:, None, None].unbind(0), d.out_pos.unbind(0), d.out_ret.unbind(0),
+                                     d.out_leaf[:, 0].unbind(0))
+        results = []
+        for b, r in enumerate(requests):
+            out_tok, out_par, out_score = toks[b], pars[b], scores[b]
+            if r.sampling or r.options.get("pack") == "torch":
+                # sampling orders retrieve rows lexicographically: the shared packer does it
+                packed = pack_tree(out_par, sampling=r.sampling, padded=r.padded, max_depth=cfg.depth + 1)
+                mask, pos, ret, leaf_count = (packed.tree_mask, packed.tree_position_ids,
+                                              packed.retrieve_indices, packed.leaf_count)
+            else:  # packed in the kernel's final phase, pack_tree's exact layout
+                mask, pos, ret, leaf_count = masks[b], poss[b], rets[b], leaves[b]
+                if not r.padded:
+                    n_leaves, deepest = leaf_info[b]
+                    ret = ret[:n_leaves, : deepest + 1].contiguous()
+            fr = Frontier(
+                draft_tokens=out_tok[None],
+                retrieve_indices=ret,
+                tree_mask=mask,
+                tree_position_ids=pos,
+                cache=caches[b],
+                scores=out_score,
+                parents=parents[b],
+                leaf_count=leaf_count,
+                padded=r.padded,
+            )
+            if r.options.get("trace"):  # the candidate list as the kernel built it (frontier.parity)
+                fr.info["trace"] = CandidateTrace(scores=ws.cand_score[b].clone(), tokens=ws.cand_tok[b].clone(),
+                                                  row_parents=ws.row_par[b].clone())
+            results.append(fr)
         return results
 
 

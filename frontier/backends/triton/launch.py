@@ -173,6 +173,24 @@ class SeqCall:
     n: int
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The batch-size-only part of a launch (``Drafter.plan``): ``wide`` (split-K phases, wide
+    lm_head), ``fused`` (one attention phase), ``qh`` (the hidden-half QKV stream, ``qh_vec``: its
+    rows 16-byte aligned), ``nch`` attention chunks, ``part_elems`` split-K scratch per tree row,
+    the slab scalars that end the kernel's argument list, and the compile-time constants except
+    those that depend on the call's tensors (VEC_W, VEC_KV, VEC_QH, HAS_D2T, HAS_FCB) and launch mode."""
+
+    wide: bool
+    fused: bool
+    qh: bool
+    qh_vec: bool
+    nch: int
+    part_elems: int
+    slab_args: tuple
+    const: dict
+
+
 class Workspace:
     """Scratch buffers of one draft call, reused across calls: sized for up to ``batch``
     sequences and ``rows`` packed new rows."""
@@ -183,11 +201,11 @@ class Workspace:
         nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         depth = cfg.depth
         self.batch, self.rows, self.grid = batch, rows, grid
-        self.block_a = _pow2(depth + 1)
+        bs = self.block_sizes(cfg)
+        self.block_a, self.block_c, self.block_q, self.block_d = bs["block_a"], bs["block_c"], bs["block_q"], bs["block_d"]
         self.sk = max(1, depth * k)
         self.C = k + depth * k * k
         self.rpw = 1 + depth * k
-        self.block_c = _pow2(self.C, 16)
         self.pfw = max(self.block_c, cfg.total_token)
         tr = batch * k  # tree rows
         mx = max(rows, tr)
@@ -219,8 +237,6 @@ class Workspace:
         # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
         # depth + 1), each for BLOCK_Q queries; with NCH as ``Drafter.attn_chunks`` picks it, for
         # every B <= batch: B*nkv*(NCH + depth + 1) <= max((chunks + depth + 1)*B*nkv, grid + nkv*(depth + 2))
-        self.block_q = _pow2(k * (nh // nkv), 16)
-        self.block_d = _pow2(d, 16)
         parts = max((max(1, attn_chunks) + depth + 1) * batch * nkv, grid + nkv * (depth + 2)) * self.block_q
         self.apm = e(parts, dt=torch.float32)
         self.apl = e(parts, dt=torch.float32)
@@ -245,6 +261,15 @@ class Workspace:
         self.pf = e(batch, self.pfw, dt=torch.int32)
         self.sync = torch.zeros(2, dtype=torch.int32, device=device)
         self.times = torch.zeros(1, dtype=torch.int64, device=device)
+
+    @staticmethod
+    def block_sizes(cfg) -> dict:
+        """The kernel block sizes that follow from the config alone: ancestor slots per row
+        (block_a), candidates (block_c), queries per KV-head item (block_q), head dim (block_d)."""
+        k, depth = cfg.top_k, cfg.depth
+        return dict(block_a=_pow2(depth + 1), block_c=_pow2(k + depth * k * k, 16),
+                    block_q=_pow2(k * (cfg.num_attention_heads // cfg.num_key_value_heads), 16),
+                    block_d=_pow2(cfg.head_dim, 16))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
@@ -282,6 +307,7 @@ class Drafter:
         self._pseen: dict = {}  # persistent arguments launched once and not yet captured
         self.graph_error: Optional[str] = None  # why capturing a persistent launch failed (then never retried)
         self._graph_outs: dict = {}
+        self._plans: dict = {}  # LaunchPlan by (batch size, interpreting)
 
     # ------------------------------------------------------------------------------------------
     def workspace(self, batch: int, rows: int) -> Workspace:
@@ -409,56 +435,27 @@ class Drafter:
         dev.copy_(host, non_blocking=True)  # one static device buffer (stream-ordered after the last launch)
         return dev, base, row
 
-    def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: bool = False) -> Workspace:
-        """Run the whole schedule for B sequences (outputs in ``self.out_*``, [B, ...])."""
+    def plan(self, batch: int) -> "LaunchPlan":
+        """What a launch for ``batch`` sequences needs that depends on nothing but the batch size
+        (and this drafter's config, dtype, grid and tuning): tiles, slabs, schedule and most
+        compile-time constants. Computed once per batch size: every call of a generation loop
+        would otherwise redo the same ~50 small computations on the host before its launch."""
+        key = (batch, interpreting())
+        p = self._plans.get(key)
+        if p is None:
+            p = self._plans[key] = self._make_plan(batch)
+        return p
+
+    def _make_plan(self, nb: int) -> "LaunchPlan":
         cfg, tn = self.cfg, self.tuning
-        nb = len(seqs)
-        n_rows = sum(s.n for s in seqs)
-        ws = self.workspace(nb, n_rows)
         bmp = self.block_rows(nb)  # the unsplit linear phases' one tile (see drafter_kernel)
         wide = bmp >= tn.wide_bm
         bm, bm2 = self.row_tiles(nb)
         # one attention item per (sequence, KV head) once those items fill half the grid
         fused = tn.fused_attention and nb > 1 and 2 * _pow2(nb) * cfg.num_key_value_heads >= self.grid
-        self.schedule = self.schedules[wide, fused]
-        self.n_steps = len(self.schedule)
-        if wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
-            ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
-        longest = max(s.c + s.n for s in seqs)
-        cos, sin = self.rope_tables(longest + cfg.depth + 1)
-        meta, kv_base, n_rows = self.pack(seqs)
-        graphed = mode == "graph" or (mode == "persistent" and self.graphable(timing))
-        if graphed:  # captured launches write fixed output buffers, copied out after each run
-            fresh = self.outputs
-            self.outputs = self._graph_outputs(nb)
-        lw = weights.layers[0]
         eagle3 = cfg.architecture == "eagle3"
-        dummy = ws.sync  # stands in for absent optional tensors (never read)
-        has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
-        ieee = self.dtype == torch.float32
-        if timing and ws.times.numel() < self.n_steps + 1:
-            ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
         nkv_heads = cfg.num_key_value_heads
         nch = self.attn_chunks(nb)
-        args = [
-            self.schedule, 0, ws.sync, ws.times,
-            weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
-            lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, lw.down_proj,
-            lw.input_layernorm if lw.input_layernorm is not None else lw.post_attention_layernorm,
-            lw.post_attention_layernorm,
-            weights.hidden_norm if weights.hidden_norm is not None else lw.post_attention_layernorm,
-            weights.norm if weights.norm is not None else lw.post_attention_layernorm,
-            weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
-            meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
-            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, None, None,
-            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if wide else dummy,
-            None, ws.sel_lp, ws.sel_tok,
-            ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
-            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, *self.outputs,
-            nb, n_rows, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
-            cfg.target_vocab_size, cfg.num_attention_heads, nkv_heads, cfg.head_dim, cfg.top_k,
-            ws.C, cfg.total_token, cfg.depth, ws.sk, ws.mr, ws.pfw, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
-        ]
         h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
         nq, nkv = cfg.num_attention_heads * cfg.head_dim, nkv_heads * cfg.head_dim
         attn_in = 2 * h if eagle3 else h
@@ -475,35 +472,95 @@ class Drafter:
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
         qh = self.qkv_ahead(nb, slab_qh)
-        if qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
-            ws.xh = torch.empty(ws.mr, h, dtype=self.dtype, device=self.device)
-            ws.qh = torch.empty(ws.mr, nq + 2 * nkv, dtype=torch.float32, device=self.device)
-        args[self._QH_ARG:self._QH_ARG + 2] = [ws.xh, ws.qh] if qh else [dummy, dummy]
-        if wide:
-            need = max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) * ws.mr
-            if ws.part is None or ws.part.numel() < need:
-                ws.part = torch.empty(need, dtype=torch.float32, device=self.device)
-        args[self._PART_ARG] = ws.part if wide else dummy
-        args += [rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh]
-        vec = self.vec16(lw, seqs)
+        # the workspace's block sizes depend on the config alone (not on its capacity)
+        ws = Workspace.block_sizes(cfg)
         const = dict(
-            **vec,
-            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, VEC_QH=vec["VEC_W"] if h * el % 16 == 0 else 1,
-            EAGLE3=eagle3, HAS_D2T=has_d2t, HAS_FCB=weights.fc_bias is not None, IEEE=ieee,
+            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh,
+            EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws.block_d, BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads), BLOCK_Q=ws.block_q, BLOCK_CH=_pow2(nch + cfg.depth + 1),
-            BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16, BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws.block_a, BLOCK_K=_pow2(cfg.top_k),
-            BLOCK_P=_pow2(self.grid), BLOCK_C=ws.block_c,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
+            BLOCK_Q=ws["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
+            BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16,
+            BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws["block_a"], BLOCK_K=_pow2(cfg.top_k),
+            BLOCK_P=_pow2(self.grid), BLOCK_C=ws["block_c"],
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
             # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
             # with (Triton's default until 3.9; 3.10 turns the default off, which changes bits and speed).
             enable_fp_fusion=True,
         )
+        return LaunchPlan(
+            wide=wide, fused=fused, qh=qh, qh_vec=h * el % 16 == 0, nch=nch,
+            part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
+            slab_args=(rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh),
+            const=const,
+        )
+
+    def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: bool = False,
+                  fresh_outputs: bool = False) -> Workspace:
+        """Run the whole schedule for B sequences (outputs in ``self.out_*``, [B, ...]).
+        ``fresh_outputs``: allocate this call's output tensors here (otherwise the caller did,
+        with ``alloc_outputs``); a replayed graph's are allocated after its launch is queued, so
+        the host does that while the GPU works."""
+        cfg = self.cfg
+        nb = len(seqs)
+        n_rows = sum(s.n for s in seqs)
+        ws = self.workspace(nb, n_rows)
+        p = self.plan(nb)
+        self.schedule = self.schedules[p.wide, p.fused]
+        self.n_steps = len(self.schedule)
+        if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
+            ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
+        longest = max(s.c + s.n for s in seqs)
+        cos, sin = self.rope_tables(longest + cfg.depth + 1)
+        meta, kv_base, n_rows = self.pack(seqs)
+        graphed = mode == "graph" or (mode == "persistent" and self.graphable(timing))
+        if graphed:  # captured launches write fixed output buffers, copied out after each run
+            fresh = None if fresh_outputs else self.outputs
+            self.outputs = self._graph_outputs(nb)
+        elif fresh_outputs:
+            self.alloc_outputs(nb)
+        lw = weights.layers[0]
+        eagle3 = cfg.architecture == "eagle3"
+        dummy = ws.sync  # stands in for absent optional tensors (never read)
+        has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
+        if timing and ws.times.numel() < self.n_steps + 1:
+            ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
+        args = [
+            self.schedule, 0, ws.sync, ws.times,
+            weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
+            lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, lw.down_proj,
+            lw.input_layernorm if lw.input_layernorm is not None else lw.post_attention_layernorm,
+            lw.post_attention_layernorm,
+            weights.hidden_norm if weights.hidden_norm is not None else lw.post_attention_layernorm,
+            weights.norm if weights.norm is not None else lw.post_attention_layernorm,
+            weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
+            meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
+            ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, None, None,
+            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if p.wide else dummy,
+            None, ws.sel_lp, ws.sel_tok,
+            ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
+            ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, *self.outputs,
+            nb, n_rows, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
+            cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
+            ws.C, cfg.total_token, cfg.depth, ws.sk, ws.mr, ws.pfw, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
+            *p.slab_args,
+        ]
+        if p.qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
+            nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+            ws.xh = torch.empty(ws.mr, cfg.hidden_size, dtype=self.dtype, device=self.device)
+            ws.qh = torch.empty(ws.mr, nt, dtype=torch.float32, device=self.device)
+        args[self._QH_ARG:self._QH_ARG + 2] = [ws.xh, ws.qh] if p.qh else [dummy, dummy]
+        if p.wide and (ws.part is None or ws.part.numel() < p.part_elems * ws.mr):
+            ws.part = torch.empty(p.part_elems * ws.mr, dtype=torch.float32, device=self.device)
+        args[self._PART_ARG] = ws.part if p.wide else dummy
+        vec = self.vec16(lw, seqs)
+        const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
+                     HAS_FCB=weights.fc_bias is not None)
         grid = (self.grid,)
         if mode == "persistent":
             args[1] = self.n_steps
@@ -524,6 +581,8 @@ class Drafter:
         else:
             raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         if graphed:
+            if fresh is None:
+                fresh = self._new_outputs(nb)
             for dst, src in zip(fresh, self.outputs):
                 dst.copy_(src)
             self.outputs = fresh
