@@ -33,8 +33,8 @@ log-probs, each carrying ``ulps`` units of its own rounding and ``acc = sqrt(n) 
 eps(dtype)`` units of the fp32 accumulations behind it (every backend accumulates its dots in
 fp32, in its own order; ``n`` is the longest dot of the layer, ``max(hidden_size,
 intermediate_size)``, and ``sqrt(n) * eps`` the usual probabilistic bound of such a sum). ``acc``
-is below 0.01 units in bf16/fp16, where the rounding of the log-probs dominates; in float32 it is
-the whole tolerance (sqrt(n) units), since there the accumulation order is the only noise. The
+is below 0.01 units in bf16/fp16, where the rounding of the log-probs dominates; in float32 it
+dominates (sqrt(n) units beside ``ulps``), since there the accumulation order is the only noise. The
 default ``ulps=2`` leaves room above what was measured (docs/triton.md, "Near-ties": fp16 noise
 below 2 units under the interpreter; bf16/fp16 below 1.4 units on an H200).
 """

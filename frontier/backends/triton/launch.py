@@ -437,7 +437,8 @@ class Drafter:
 
     def plan(self, batch: int) -> "LaunchPlan":
         """What a launch for ``batch`` sequences needs that depends on nothing but the batch size
-        (and this drafter's config, dtype, grid and tuning): tiles, slabs, schedule and most
+        (and this drafter's config, dtype, grid and tuning, all fixed when it is made - replace
+        the drafter rather than its ``tuning``): tiles, slabs, schedule and most
         compile-time constants. Computed once per batch size: every call of a generation loop
         would otherwise redo the same ~50 small computations on the host before its launch."""
         key = (batch, interpreting())
