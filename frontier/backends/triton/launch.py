@@ -177,7 +177,7 @@ class SeqCall:
 class LaunchPlan:
     """The batch-size-only part of a launch (``Drafter.plan``): ``wide`` (split-K phases, wide
     lm_head), ``fused`` (one attention phase), ``qh`` (the hidden-half QKV stream, ``qh_vec``: its
-    rows 16-byte aligned), ``nch`` attention chunks, ``part_elems`` split-K scratch per tree row,
+    rows 16-byte aligned), ``part_elems`` split-K scratch per tree row,
     the slab scalars that end the kernel's argument list, and the compile-time constants except
     those that depend on the call's tensors (VEC_W, VEC_KV, VEC_QH, HAS_D2T, HAS_FCB) and launch mode."""
 
@@ -185,7 +185,6 @@ class LaunchPlan:
     fused: bool
     qh: bool
     qh_vec: bool
-    nch: int
     part_elems: int
     slab_args: tuple
     const: dict
@@ -474,7 +473,7 @@ class Drafter:
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
         qh = self.qkv_ahead(nb, slab_qh)
         # the workspace's block sizes depend on the config alone (not on its capacity)
-        ws = Workspace.block_sizes(cfg)
+        bs = Workspace.block_sizes(cfg)
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
@@ -483,11 +482,11 @@ class Drafter:
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=ws["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
-            BLOCK_Q=ws["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=bs["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
+            BLOCK_Q=bs["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
             BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16,
-            BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=ws["block_a"], BLOCK_K=_pow2(cfg.top_k),
-            BLOCK_P=_pow2(self.grid), BLOCK_C=ws["block_c"],
+            BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=bs["block_a"], BLOCK_K=_pow2(cfg.top_k),
+            BLOCK_P=_pow2(self.grid), BLOCK_C=bs["block_c"],
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
             # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
@@ -495,7 +494,7 @@ class Drafter:
             enable_fp_fusion=True,
         )
         return LaunchPlan(
-            wide=wide, fused=fused, qh=qh, qh_vec=h * el % 16 == 0, nch=nch,
+            wide=wide, fused=fused, qh=qh, qh_vec=h * el % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slab_args=(rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh),
             const=const,
