@@ -65,11 +65,12 @@ def launch():
     d.run(s.weights, s.features[0], ids[s.c:], s.ids[0, -1:], s.cache, s.c, case.new_rows, "persistent")
 
 
+s.cache.truncate(s.c)  # as before a call: the validation checks cache length + new rows == context
 print("validate_request CPU us", cpu_us(lambda: validate_request(
     s.cfg, s.features, be, backend_name="triton", input_ids=s.ids, weights=s.weights, cache=s.cache,
     cache_max_length=None, sampling=False, padded=True, seed=0, options={"check_token_range": False}), 200))
 print("alloc+run (Triton launch) CPU us, no sync", cpu_us(launch, 20))
-par = d.out_par.clone()
+par = d.out_par[0].clone()  # [T-1] (outputs are batched: [B, T-1])
 print("pack_tree CPU us (the sampling path's packer)", cpu_us(lambda: pack_tree(par, sampling=False, padded=True,
                                                                                 max_depth=a.depth + 1), 100))
 print("check_error CPU us (sync incl.)", cpu_us(d.check_error, 100))
