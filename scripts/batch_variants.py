@@ -63,6 +63,16 @@ TUNINGS = {
     "sr256": dict(split_rows=256),
     "wal32": dict(wide_slab_align=32),
     "noqh": dict(qkv_ahead=False),
+    "lin2": dict(lin_stages=2),
+    "lin4": dict(lin_stages=4),
+    "gu4": dict(gu_stages=4),
+    "lin4gu4": dict(lin_stages=4, gu_stages=4),
+    "lin3gu4": dict(lin_stages=3, gu_stages=4),
+    "gu3": dict(gu_stages=3),
+    "gu5": dict(gu_stages=5),
+    "lm5s32": dict(lm_stages=5, lm_stage_bytes=32768),
+    "lm4s32": dict(lm_stages=4, lm_stage_bytes=32768),
+    "gu5lm5s32": dict(gu_stages=5, lm_stages=5, lm_stage_bytes=32768),
 }
 
 ap = argparse.ArgumentParser()

@@ -85,10 +85,11 @@ for idx, (name, val) in enumerate(zip(names, captured["args"])):
             attrs[(idx,)] = div16
     elif val is None:
         sig[name] = "*i32"
+params = inspect.signature(real.fn).parameters
 for name in names:
-    if name in kw:
-        sig[name] = "constexpr"
-        const[(names.index(name),)] = kw[name]
+    if name in kw or (name not in sig and params[name].default is not inspect.Parameter.empty):
+        sig[name] = "constexpr"  # given by the launcher, or left at the kernel's default
+        const[(names.index(name),)] = kw.get(name, params[name].default)
 src = triton.compiler.ASTSource(fn=real, signature=sig, constexprs=const, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", a.arch, 32),
                    options=dict(num_warps=opts.get("num_warps", 4), num_stages=opts.get("num_stages", 3),

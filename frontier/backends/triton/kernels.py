@@ -151,20 +151,20 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
 @triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                 BM2: tl.constexpr = 0):
+                 BM2: tl.constexpr, ST: tl.constexpr):
     """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
     valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
     ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs). BM2 > 0: each
     weight chunk also meets a second, narrower tile ``rm2`` (acc2 [BNS, BM2]), so that BM + BM2
     rows (e.g. 128 + 32 for 160 rows) cost no padding to the next power of two; with BM2 = 0
-    acc2 is acc (unused)."""
+    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages)."""
     rk = tl.arange(0, BK)
     acc = tl.zeros([BNS, BM], dtype=tl.float32)
     if BM2 > 0:
         acc2 = tl.zeros([BNS, BM2], dtype=tl.float32)
     else:
         acc2 = acc
-    for k0 in range(k_lo, k_hi, BK):
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
         kk = k0 + rk
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
@@ -234,7 +234,7 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr = 1):
+               VEC: tl.constexpr, ST: tl.constexpr):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
     sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
@@ -251,14 +251,14 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE)
+            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
 @triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
                      QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                     VEC: tl.constexpr = 1, BM2: tl.constexpr = 0):
+                     VEC: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
     """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
     slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
     SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
@@ -279,7 +279,8 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
             rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS, VEC)
             for m0 in range(0, M, BM + BM2):
                 rm, rm2 = _row_tiles(m0, BM, BM2)
-                acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi, BNS, BM, BK, IEEE, BM2)
+                acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi, BNS, BM, BK, IEEE, BM2,
+                                         ST)
                 tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
                          mask=rmask[:, None] & (rm[None, :] < M))
                 if BM2 > 0:
@@ -322,7 +323,8 @@ def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
 
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
-               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr = 0):
+               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr,
+               ST: tl.constexpr):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
     One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
     activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
@@ -339,7 +341,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             else:
                 acc_g2 = acc_g
                 acc_u2 = acc_u
-            for k0 in range(0, Kd, BK):
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
                 wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
@@ -404,7 +406,8 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
 
 @triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
-                   BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr):
+                   BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
+                   ST: tl.constexpr):
     """EAGLE-3's next-depth QKV, hidden half, ahead of time: its input is
     ``[norm(embed(token)) | hidden_norm(parent's hidden)]``, and the second half depends only on
     the parent row, which is one of this depth's R rows. So ``qh[p] = x[p] @ Wqkv[:, H:2H]^T``
@@ -419,7 +422,7 @@ def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh
     if pid >= off:
         for v in range(pid - off, S, nprog - off):  # slab v: _ph_linear's QKV mode, stored in fp32
             _ph_linear(v, nprog, x_ptr, H, R, wq_ptr + H, NQ, 2 * H, H, qh_ptr, NT, qh_ptr, NT, qh_ptr,
-                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC)
+                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST)
 
 
 @triton.jit
@@ -757,7 +760,7 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
 @triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               HALVES: tl.constexpr, ONE_SUB: tl.constexpr):
+               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
     ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
@@ -785,7 +788,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             rm = m0 + rbm
             acc1 = tl.zeros([HB, BM], dtype=tl.float32)
             acc2 = tl.zeros([HB, BM], dtype=tl.float32)
-            for k0 in range(0, Kd, BK):
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
                 km = (kk[None, :] < Kd)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
@@ -843,7 +846,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 @triton.jit
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                    BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr = 0):
+                    BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
@@ -855,7 +858,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
         rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS, 1)
         for m0 in range(0, M, BM + BM2):
             rm, rm2 = _row_tiles(m0, BM, BM2)
-            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, Kd, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2)
+            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, Kd, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2, ST)
             tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
             if BM2 > 0:
                 tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),
@@ -1134,6 +1137,7 @@ def drafter_kernel(
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
     VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
+    ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1148,7 +1152,9 @@ def drafter_kernel(
     QH (eagle3; the launcher enables it at batch 1): the tree depths' QKV is split along its input - the hidden half
     streamed one step early, during MERGE (``_ph_qkv_hidden``: NORM_F also writes the rows'
     hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
-    each row's parent partial."""
+    each row's parent partial.
+    ST_LIN / ST_GU / ST_LM: software-pipeline stages of the weight streams' k-loops - the linear
+    phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1171,14 +1177,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1205,13 +1211,13 @@ def drafter_kernel(
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2, ST_LIN)
             elif QH and not is_ctx:  # the embedding half + each row's parent partial from MERGE
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, H, qkv_ptr, NQ + 2 * NKVD, qh_ptr,
-                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W)
+                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST_LIN)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST_LIN)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -1240,27 +1246,27 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, 1, ST_LIN)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
-                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, BM2=BM2)
+                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, 1, BM2, ST_LIN)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, 1, ST_LIN)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2, ST_GU)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             split = False
             if SPLITK:
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
-                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, BM2=BM2)
+                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, 1, BM2, ST_LIN)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, 1, ST_LIN)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)
@@ -1280,16 +1286,16 @@ def drafter_kernel(
                 x_lm = hout_ptr
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2=BM2)
+                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2, ST_LM)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM)
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST_LM)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
             if QH and ahead:
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
-                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH)
+                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST_LIN)
         elif ph == 14:  # PH_SELECT
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,

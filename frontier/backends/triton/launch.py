@@ -103,9 +103,21 @@ class Tuning:
     wide_slab_align: int = 16
     stage_bytes: int = 32768
     smem_bytes: int = 225280  # pipeline buffers of one program (H100/H200: 227 KB per block)
-    lm_stage_bytes: Optional[int] = 65536  # lm_head's own (None: stage_bytes)
+    # lm_head's own (None: stage_bytes); tenth session, H200, device ms, lm_head 4 stages of 32 KB
+    # vs 3 of 64 KB: 8B batch 1 2.511 / 2.513 vs 2.530 / 2.531, batch 4 3.846 vs 3.889, batch 16
+    # 4.649 vs 4.648; 1B batch 1 1.544 vs 1.597, batch 16 2.978 vs 2.996
+    lm_stage_bytes: Optional[int] = 32768
     num_warps: int = 8
     num_stages: int = 3
+    # software-pipeline stages of the weight streams' k-loops (None: num_stages): the linear
+    # phases (fc, QKV, o_proj, down), gate/up, the lm_head; each phase's k-chunk shrinks until
+    # its stages fit in smem_bytes. Tenth session, H200, 8B depth 7, device ms: linear phases 2
+    # stages 2.822, 3 2.560, 4 2.608 (down and o_proj unchanged, the QKV stream in MERGE slower);
+    # gate/up 4 stages 2.540 / 2.522 / 2.533 vs 3 2.560 / 2.551 / 2.552, 5 2.530 (batch 4 3.889
+    # vs 3.876, batch 16 4.668 vs 4.664; 1B 1.594 both)
+    lin_stages: Optional[int] = None
+    gu_stages: Optional[int] = 4
+    lm_stages: Optional[int] = 4
     # context keys per attention block (split attention); None: 32 at batch 1, 64 above (H200,
     # seventh session: 8B batch 1 2.556 vs 2.582 ms, 1B 1.589 vs 1.605; batch 4 0.2-0.4% slower)
     BLOCK_NA: Optional[int] = None
@@ -129,11 +141,12 @@ class Tuning:
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
          stage_bytes: Optional[int] = None, acc_elems: Optional[int] = None,
-         wide: Optional[bool] = None) -> tuple[int, int, int]:
+         wide: Optional[bool] = None, stages: Optional[int] = None) -> tuple[int, int, int]:
     """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase whose
     activation tile is ``bm`` rows wide (BM + BM2). The k-chunk holds about ``stage_bytes`` of
-    weights per stage, and the weight + activation tiles of all ``num_stages`` stages fit in
-    ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks the slab alignment."""
+    weights per stage, and the weight + activation tiles of all ``stages`` (default
+    ``num_stages``) stages fit in ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks
+    the slab alignment."""
     per = -(-n_rows // grid)
     if wide is None:
         wide = bm >= tn.wide_bm
@@ -143,20 +156,21 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
     cap = max(16, 1 << max(0, ((acc_elems or tn.acc_elems) // (bm * n_mats)).bit_length() - 1))
     bns = min(bnp, cap)
     sb = stage_bytes or tn.stage_bytes
-    bk = min(sb // (bns * elsize * n_mats), tn.smem_bytes // (tn.num_stages * (bns * n_mats + bm) * elsize))
+    bk = min(sb // (bns * elsize * n_mats), tn.smem_bytes // ((stages or tn.num_stages) * (bns * n_mats + bm) * elsize))
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
     return rp, bns, bk
 
 
 def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int, acc: int,
-               wide: Optional[bool] = None) -> tuple[int, int, int, int]:
+               wide: Optional[bool] = None, stages: Optional[int] = None) -> tuple[int, int, int, int]:
     """(split factor S, rows per slab RP, sub-slab rows BNS, k-chunk BK) of a split-K phase:
     grid // S slabs of about ``tn.split_rows`` rows, each streamed as S k-ranges."""
     spl = 1
     while spl < 8 and 2 * spl <= grid and n_rows * 2 * spl <= tn.split_rows * grid:
         spl *= 2
     nslab = grid // spl
-    rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc, wide=wide)
+    rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc, wide=wide,
+                       stages=stages)
     return spl, rp, bns, bk
 
 
@@ -348,7 +362,7 @@ class Drafter:
         free = self.grid - batch * cfg.top_k
         nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
         return slab(nt, cfg.hidden_size, free if free > 0 else self.grid, self.dtype.itemsize, 1, tn,
-                    self.block_rows(batch), acc_elems=tn.acc_elems, wide=False)
+                    self.block_rows(batch), acc_elems=tn.acc_elems, wide=False, stages=tn.lin_stages)
 
     def qkv_ahead(self, batch: int, slab_: Optional[tuple[int, int, int]] = None) -> bool:
         """Whether the launch streams the next depth's QKV over the hidden half of its input
@@ -461,21 +475,24 @@ class Drafter:
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
         acc = tn.wide_acc_elems if wide else tn.acc_elems
-        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
-        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
-        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmp, acc_elems=acc, wide=wide)
-        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, tn.lm_stage_bytes, acc_elems=acc, wide=wide)
-        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide)
-        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide)
-        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide)
+        st_lin, st_gu, st_lm = (s or tn.num_stages for s in (tn.lin_stages, tn.gu_stages, tn.lm_stages))
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide,
+                                    stages=st_gu)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, tn.lm_stage_bytes, acc_elems=acc, wide=wide,
+                                    stages=st_lm)
+        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide, st_lin)
+        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide, st_lin)
+        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide, st_lin)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
         qh = self.qkv_ahead(nb, slab_qh)
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
-            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh,
+            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
