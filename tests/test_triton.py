@@ -380,6 +380,37 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
 
 
+def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
+    """``Tuning.lin_stages / gu_stages / lm_stages`` set the software-pipeline depth of each
+    weight stream's k-loop (the kernel's ST_LIN / ST_GU / ST_LM). ``slab`` must fit all of a
+    phase's stages in shared memory (deeper pipelines get shorter k-chunks, never longer), the
+    launch plan must carry each depth, and the k-chunks the depths choose must not change what
+    is drafted (a tiny shared-memory budget forces different chunks per phase here; other
+    chunks sum each dot in another order, so the new cache rows agree to fp32 rounding)."""
+    from frontier.backends.triton.launch import Drafter, Tuning, slab
+
+    tn = Tuning()
+    prev = None
+    for stages in (2, 3, 4, 6):
+        _, bns, bk = slab(4096, 14336, 132, 2, 1, tn, 16, stages=stages)
+        assert stages * (bns + 16) * bk * 2 <= tn.smem_bytes
+        assert prev is None or bk <= prev
+        prev = bk
+    cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
+    deep = Tuning(lin_stages=2, gu_stages=6, lm_stages=5, smem_bytes=24576)
+    c = Drafter(cfg, torch.float32, torch.device(DEVICE), deep).plan(3).const
+    assert (c["ST_LIN"], c["ST_GU"], c["ST_LM"]) == (2, 6, 5)
+    assert c["BK_GU"] < Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning()).plan(3).const["BK_GU"]
+    w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 44, batch=3, lo=3, hi=9)
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = _draft_tuned(cfg, w, seqs, Tuning())[1], _draft_tuned(cfg, w, seqs, deep)[1]
+    assert torch.equal(t0, t1) and torch.equal(p0, p1)
+    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
+    for x, y in zip(c0, c1):
+        torch.testing.assert_close(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("seed", [61, 73])
 def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
     """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
