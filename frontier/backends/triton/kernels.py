@@ -1177,14 +1177,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, 1, ST_LIN)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1211,13 +1211,13 @@ def drafter_kernel(
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2, ST_LIN)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2, ST=ST_LIN)
             elif QH and not is_ctx:  # the embedding half + each row's parent partial from MERGE
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, H, qkv_ptr, NQ + 2 * NKVD, qh_ptr,
-                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST_LIN)
+                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST_LIN)
+                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -1246,27 +1246,27 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, 1, ST_LIN)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
-                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, 1, BM2, ST_LIN)
+                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, 1, ST_LIN)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2, ST_GU)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             split = False
             if SPLITK:
                 split = i != 255
             if split:
                 _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
-                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, 1, BM2, ST_LIN)
+                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, 1, ST_LIN)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)
@@ -1286,16 +1286,16 @@ def drafter_kernel(
                 x_lm = hout_ptr
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2, ST_LM)
+                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2=BM2, ST=ST_LM)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST_LM)
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
             if QH and ahead:
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
-                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST_LIN)
+                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
         elif ph == 14:  # PH_SELECT
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
