@@ -73,7 +73,39 @@ TUNINGS = {
     "lm5s32": dict(lm_stages=5, lm_stage_bytes=32768),
     "lm4s32": dict(lm_stages=4, lm_stage_bytes=32768),
     "gu5lm5s32": dict(gu_stages=5, lm_stages=5, lm_stage_bytes=32768),
+    "bar1": dict(barrier=1),
+    "bar2": dict(barrier=2),
+    "bar0": dict(barrier=0),
 }
+
+
+def program_skew(schedule, start, arrive, leave):
+    """Per phase (tree depths summed, context step apart) from every program's stamps (ns):
+    the phase's time (last leave to last leave), each program's own work (its arrival minus its
+    leaving the previous barrier: median and max over programs), how late the last arrival is
+    after the median one, and how long the barrier takes to release (median leave minus last
+    arrival); µs."""
+    from frontier.backends.triton import kernels as K_
+
+    names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
+    prev = start.unsqueeze(0)
+    leave_prev = torch.cat([prev, leave[:-1]], 0).double()
+    arrive, leave = arrive.double(), leave.double()
+    work = (arrive - leave_prev) / 1e3
+    rows = {}
+    last_pid = {}
+    for s, code in enumerate(schedule):
+        ph, i = divmod(code, 256)
+        key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
+        r = rows.setdefault(key, [0.0] * 6)
+        r[0] += (leave[s].max() - leave_prev[s].max()).item() / 1e3
+        r[1] += work[s].median().item()
+        r[2] += work[s].max().item()
+        r[3] += (arrive[s].max() - arrive[s].median()).item() / 1e3
+        r[4] += (leave[s].median() - arrive[s].max()).item() / 1e3
+        r[5] += (leave_prev[s].max() - leave_prev[s].min()).item() / 1e3
+        last_pid.setdefault(key, []).append(int(arrive[s].argmax()))
+    return rows, last_pid
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--preset", default="eagle3-llama3.1-8b")
@@ -81,6 +113,8 @@ ap.add_argument("--depth", type=int, default=7)
 ap.add_argument("--batches", default="1,4,16,64")
 ap.add_argument("--tunings", default="base")
 ap.add_argument("--breakdown", type=int, default=0, help="batch size to break down per phase (0: none)")
+ap.add_argument("--stamps", type=int, default=0, help="batch size whose every program's barrier stamps to analyse")
+ap.add_argument("--stamps-out", default=None, help="save the raw stamps here (torch.save)")
 ap.add_argument("--reps", type=int, default=20)
 ap.add_argument("--json", default=None)
 ap.add_argument("--identity", action="store_true",
@@ -138,6 +172,29 @@ for bsz in [int(x) for x in a.batches.split(",")]:
                 tot = sum(per.values())
                 print(f"  breakdown batch {bsz} {name}: total {tot:.3f} ms: " + ", ".join(
                     f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.01))
+            if a.stamps == bsz:
+                runs = []
+                for _ in range(3):
+                    go(timing=2)
+                    torch.cuda.synchronize()
+                    runs.append(d.program_stamps())
+                sched = d.schedule.tolist()
+                if a.stamps_out:
+                    torch.save({"schedule": sched, "runs": runs}, f"{a.stamps_out}.{name}.b{bsz}.pt")
+                res_rows = [program_skew(sched, *r) for r in runs]
+                print(f"  per-program stamps, batch {bsz} {name} (us summed over entries; median of 3 runs):")
+                print(f"    {'phase':12s} {'phase':>8s} {'work med':>8s} {'work max':>8s} {'late':>7s} {'release':>7s} "
+                      f"{'start skew':>10s}  last arrivals (pid: count)")
+                for key in res_rows[0][0]:
+                    vals = [sorted(rr[0][key][j] for rr in res_rows)[1] for j in range(6)]
+                    lp = {}
+                    for rr in res_rows:
+                        for q in rr[1][key]:
+                            lp[q] = lp.get(q, 0) + 1
+                    top = sorted(lp.items(), key=lambda kv: -kv[1])[:4]
+                    print(f"    {key:12s} " + " ".join(f"{v:8.1f}" for v in vals[:3]) + " " +
+                          " ".join(f"{v:7.1f}" for v in vals[3:5]) + f" {vals[5]:10.1f}  " +
+                          ", ".join(f"{q}: {c}" for q, c in top), flush=True)
         except Exception as exc:  # report and go on with the next variant
             print(f"batch {bsz} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         del d

@@ -26,6 +26,7 @@ ap.add_argument("--batch", type=int, default=1)
 ap.add_argument("--arch", type=int, default=90)
 ap.add_argument("--grid", type=int, default=132)
 ap.add_argument("--tuning", nargs="*", default=[], help="Tuning field=value overrides")
+ap.add_argument("--const", nargs="*", default=[], help="kernel constexpr=int overrides (e.g. TIMING=2)")
 ap.add_argument("--ptx", default=None, help="also write the PTX here (e.g. to count vector loads)")
 ap.add_argument("--cubin", default=None, help="also write the cubin here (cuobjdump -sass reads it)")
 a = ap.parse_args()
@@ -61,6 +62,7 @@ finally:
 
 names = list(inspect.signature(real.fn).parameters)
 kw = dict(captured["kw"])
+kw.update({k: int(v) for k, v in (c.split("=") for c in a.const)})
 opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "launch_cooperative_grid", "enable_fp_fusion") if k in kw}
 short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
 # specialisation as Triton's launcher makes it on the GPU: 16-byte aligned pointers and integers
@@ -116,5 +118,5 @@ info = out.stderr
 regs = re.findall(r"Used (\d+) registers", info)
 spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
 stack = re.findall(r"(\d+) bytes stack frame", info)
-print(f"{a.preset} batch {a.batch} {over}: cubin {len(k.asm['cubin'])} B, regs {regs} spill stores/loads {spill} stack {stack} "
+print(f"{a.preset} batch {a.batch} {over} {a.const}: cubin {len(k.asm['cubin'])} B, regs {regs} spill stores/loads {spill} stack {stack} "
       f"shared {k.metadata.shared} warps {opts.get('num_warps')} stages {opts.get('num_stages')}")

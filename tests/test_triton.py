@@ -204,6 +204,37 @@ def test_gpu_barrier_timeout_raises_and_keeps_cache(monkeypatch):
     assert torch.equal(cache.k[:, :, :length], k0[:, :, :length])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("barrier", [0, 1, 2])
+def test_gpu_barrier_variants_hold_every_program_and_draft_alike(barrier):
+    """``Tuning.barrier`` picks how a grid barrier acquires (an atomic after the polls, an
+    acquiring load after them, acquiring polls). With every program's global-timer stamps
+    (``timing=2``): no program leaves a barrier before the last one has reached it, and each
+    program's stamps run in order; the persistent launch drafts the tree of the same schedule
+    run as separate launches (no barrier at all) on fresh caches."""
+    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = random_config(total_token=18, depth=3, top_k=4, vocab_size=90, target_vocab_size=150)
+    w = random_weights(cfg, seed=71, lm_head_scale=6.0, device="cuda")
+    seqs, _ = _ragged(cfg, 72, batch=3, lo=3, hi=9)
+    tn = Tuning(barrier=barrier)
+    ref = _draft_tuned(cfg, w, seqs, tn)[1]
+    d = Drafter(cfg, torch.float32, torch.device("cuda"), tn)
+    calls = []
+    for ids, feats in seqs:
+        cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device="cuda")
+        calls.append(SeqCall(feats[0].cuda(), ids[0, 1:].cuda(), ids[0, -1:].cuda(), cache, 0, feats.shape[1]))
+    d.alloc_outputs(len(calls))
+    d.run_batch(w, calls, "persistent", timing=2)
+    d.check_error()
+    start, arrive, leave = d.program_stamps()
+    assert arrive.shape == leave.shape == (d.n_steps, d.grid) and start.shape == (d.grid,)
+    assert bool((leave.min(dim=1).values >= arrive.max(dim=1).values).all())  # nobody left early
+    assert bool((arrive[0] >= start).all() and (leave >= arrive).all() and (arrive[1:] >= leave[:-1]).all())
+    _assert_same_launch(ref, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kernel_tree_packing_equals_pack_tree(seed):
     # the final phase packs the tree itself (greedy); pack="torch" uses frontier.tree.pack_tree

@@ -1078,22 +1078,43 @@ def _globaltimer(dummy):
 
 
 @triton.jit
-def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
+def _ld_acquire(ptr):
+    """A gpu-scope acquiring load of one int32 (``ld.global.acquire.gpu``): orders what follows
+    after every write released before the value it reads, without a read-modify-write."""
+    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
     """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program),
     waiting programs poll it with volatile loads (no read-modify-write traffic on the line),
-    then one acquire atomic orders what follows. A program that polls MAX_SPIN times without
+    then one acquire orders what follows. A program that polls MAX_SPIN times without
     seeing every arrival sets the error flag sync_ptr[1] and adds 2^30 to the counter, which
-    releases every waiter of this and all later barriers at once; the launcher then raises."""
+    releases every waiter of this and all later barriers at once; the launcher then raises.
+    BAR: 0 - the acquire is an atomic add of 0; 1 - an acquiring load (no read-modify-write
+    serialised on the line); 2 - the polls themselves are acquiring loads (no extra round trip)."""
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-    cur = tl.load(sync_ptr, volatile=True)
+    if BAR == 2:
+        cur = _ld_acquire(sync_ptr)
+    else:
+        cur = tl.load(sync_ptr, volatile=True)
     spins = cur * 0
     while (cur < target) & (spins < MAX_SPIN):
-        cur = tl.load(sync_ptr, volatile=True)
+        if BAR == 2:
+            cur = _ld_acquire(sync_ptr)
+        else:
+            cur = tl.load(sync_ptr, volatile=True)
         spins += 1
-    # The acquire: its result is used, so it stays a real acquiring atomic (an unused one may
-    # be lowered to a fire-and-forget reduction, which cannot acquire).
-    seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    if BAR == 2:
+        seen = cur
+    elif BAR == 1:
+        seen = _ld_acquire(sync_ptr)
+    else:
+        # The acquire: its result is used, so it stays a real acquiring atomic (an unused one may
+        # be lowered to a fire-and-forget reduction, which cannot acquire).
+        seen = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
     if seen < target:
         tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
         tl.atomic_add(sync_ptr, 1 << 30, sem="relaxed", scope="gpu")
@@ -1137,7 +1158,7 @@ def drafter_kernel(
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
     VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
-    ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3,
+    ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1161,9 +1182,15 @@ def drafter_kernel(
     NQ = NH * HD
     NKVD = NKV * HD
     RPW = 1 + D * K  # row-parent entries per sequence
-    if TIMING:  # program 0 stamps the global timer at the start and after every barrier
+    # TIMING: program 0 stamps the global timer at the start and after every barrier;
+    # TIMING >= 2 also stamps every program: its start, and per schedule entry its arrival at the
+    # barrier and its leaving it (ps_ptr: [1 + 2 * n_steps, nprog] after program 0's stamps)
+    ps_ptr = time_ptr + n_steps + 1
+    if TIMING:
         if pid == 0:
             tl.store(time_ptr, _globaltimer(pid))
+        if TIMING >= 2:
+            tl.store(ps_ptr + pid, _globaltimer(pid))
     for step in range(n_steps):
         code = tl.load(sched_ptr + step)
         ph = code // 256
@@ -1310,7 +1337,12 @@ def drafter_kernel(
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
                       out_pos_ptr, out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
         if PERSISTENT:
-            _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN)
+            if TIMING >= 2:
+                tl.debug_barrier()
+                tl.store(ps_ptr + (1 + 2 * step) * nprog + pid, _globaltimer(pid))
+            _grid_sync(sync_ptr, (step + 1) * nprog, MAX_SPIN, BAR)
             if TIMING:
                 if pid == 0:
                     tl.store(time_ptr + 1 + step, _globaltimer(pid))
+                if TIMING >= 2:
+                    tl.store(ps_ptr + (2 + 2 * step) * nprog + pid, _globaltimer(pid))

@@ -137,6 +137,11 @@ class Tuning:
     # eagle3, batch 1 (see Drafter.qkv_ahead): stream the next depth's QKV over the hidden half of
     # its input during MERGE (it depends only on the parent row); the QKV phase then streams half
     qkv_ahead: bool = True
+    # the grid barrier's acquire (kernels._grid_sync): 0 an atomic add of 0 after the polls,
+    # 1 an acquiring load after them, 2 acquiring polls. Eleventh session, H200, 8B depth 7,
+    # device ms: 2 2.466 / 2.469 vs 0 2.507 / 2.508 (1 2.519 / 2.523); a barrier releases its
+    # programs ~1.5 us after the last arrival (per-program stamps, scripts/batch_variants.py --stamps)
+    barrier: int = 2
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -402,7 +407,7 @@ class Drafter:
 
     # ------------------------------------------------------------------------------------------
     def run(self, weights, features: torch.Tensor, ids_new: torch.Tensor, root: torch.Tensor, cache, c_len: int,
-            n_new: int, mode: str, step_hook=None, timing: bool = False) -> Workspace:
+            n_new: int, mode: str, step_hook=None, timing: int = 0) -> Workspace:
         """One sequence: ``ids_new`` [n] int64 token ids of the new rows; the new rows' K/V are
         written into cache rows [c_len, c_len + n) (not committed here)."""
         return self.run_batch(weights, [SeqCall(features, ids_new, root, cache, c_len, n_new)], mode,
@@ -488,11 +493,12 @@ class Drafter:
         s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide, st_lin)
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide, st_lin)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
+
         qh = self.qkv_ahead(nb, slab_qh)
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
-            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm,
+            QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -517,7 +523,7 @@ class Drafter:
             const=const,
         )
 
-    def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: bool = False,
+    def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: int = 0,
                   fresh_outputs: bool = False) -> Workspace:
         """Run the whole schedule for B sequences (outputs in ``self.out_*``, [B, ...]).
         ``fresh_outputs``: allocate this call's output tensors here (otherwise the caller did,
@@ -545,8 +551,9 @@ class Drafter:
         eagle3 = cfg.architecture == "eagle3"
         dummy = ws.sync  # stands in for absent optional tensors (never read)
         has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
-        if timing and ws.times.numel() < self.n_steps + 1:
-            ws.times = torch.zeros(self.n_steps + 1, dtype=torch.int64, device=self.device)
+        n_times = self.n_steps + 1 + (1 + 2 * self.n_steps) * self.grid * (int(timing) >= 2)
+        if timing and ws.times.numel() < n_times:
+            ws.times = torch.zeros(n_times, dtype=torch.int64, device=self.device)
         args = [
             self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
@@ -581,7 +588,7 @@ class Drafter:
         grid = (self.grid,)
         if mode == "persistent":
             args[1] = self.n_steps
-            const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=timing, launch_cooperative_grid=True)
+            const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=int(timing), launch_cooperative_grid=True)
             if graphed:
                 self._persistent_graphed(args, const, grid)
             else:
@@ -706,6 +713,14 @@ class Drafter:
         """Per-schedule-entry durations (us) of the last TIMING persistent run, barrier included."""
         t = self.ws.times[: self.n_steps + 1].tolist()
         return [(b - a) / 1e3 for a, b in zip(t[:-1], t[1:])]
+
+    def program_stamps(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every program's global-timer stamps (ns) of the last ``timing=2`` persistent run:
+        ``start [grid]``, ``arrive [n_steps, grid]`` (reaching the barrier after a schedule entry)
+        and ``leave [n_steps, grid]`` (leaving it)."""
+        n, g = self.n_steps, self.grid
+        ps = self.ws.times[n + 1: n + 1 + (1 + 2 * n) * g].view(1 + 2 * n, g).cpu()
+        return ps[0], ps[1::2], ps[2::2]
 
     @staticmethod
     def max_spin() -> int:
