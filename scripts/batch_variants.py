@@ -76,6 +76,8 @@ TUNINGS = {
     "bar1": dict(barrier=1),
     "bar2": dict(barrier=2),
     "bar0": dict(barrier=0),
+    "nofold": dict(lin_fold=1),
+    "fold2": dict(lin_fold=2),
 }
 
 

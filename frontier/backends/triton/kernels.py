@@ -149,6 +149,39 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
 
 
 @triton.jit
+def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
+                   BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                   ST: tl.constexpr, F: tl.constexpr):
+    """acc [BNS, BM] = W[row0 + j, k_lo:k_hi] @ X[m0 + m, k_lo:k_hi]^T (rows j < nrows, m0 + m <
+    M) with every k-chunk folded F ways: the weight chunk [BNS, BK] is read as F row blocks of
+    BK/F columns stacked into [F*BNS, BK/F] (block f holds columns f*BK/F..), the activation
+    chunk likewise side by side along the dot's N ([BK/F, F*BM], block g), and the wanted
+    partial sums are the diagonal blocks f == g, added after the k-loop. The dot is F times
+    taller, so the program's warps split weight rows instead of each reading the same few rows
+    from shared memory. The row pointers are computed here from row indices (not gathered from
+    a pointer tensor), so the loads keep their 16-byte alignment facts."""
+    KF: tl.constexpr = BK // F
+    rf = tl.arange(0, F * BNS)
+    rc = tl.arange(0, F * BM)
+    rk = tl.arange(0, KF)
+    fw = (rf // BNS) * KF  # each stacked row's column offset in the chunk
+    fx = (rc // BM) * KF
+    wmask = (rf % BNS) < nrows
+    wf = w_ptr + (row0 + rf % BNS) * Kd + fw
+    mcol = m0 + rc % BM
+    xcol = x_ptr + mcol * x_stride + fx
+    acc = tl.zeros([F * BNS, F * BM], dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
+        w = tl.load(wf[:, None] + k0 + rk[None, :], mask=wmask[:, None] & ((k0 + fw)[:, None] + rk[None, :] < k_hi),
+                    other=0.0, eviction_policy=W_EVICT)
+        x = tl.load(xcol[None, :] + k0 + rk[:, None], mask=(mcol < M)[None, :] & ((k0 + fx)[None, :] + rk[:, None] < k_hi),
+                    other=0.0, cache_modifier=".cg")
+        acc = _mma(w, x, acc, IEEE)
+    acc = tl.where((rf // BNS)[:, None] == (rc // BM)[None, :], acc, 0.0)
+    return tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
+
+
+@triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                  BM2: tl.constexpr, ST: tl.constexpr):
@@ -234,7 +267,7 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr, ST: tl.constexpr):
+               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
     sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
@@ -246,12 +279,18 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
     MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
     4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise);
     7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
-    activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``)."""
+    activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
+    FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
+            if FOLD > 1:  # (not QKV: one weight matrix)
+                row0 = pid * RP + s0
+                acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
+                                     BNS, BM, BK, IEEE, ST, FOLD)
+            else:
+                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
@@ -1159,6 +1198,7 @@ def drafter_kernel(
     VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
+    FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1175,7 +1215,10 @@ def drafter_kernel(
     hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
     each row's parent partial.
     ST_LIN / ST_GU / ST_LM: software-pipeline stages of the weight streams' k-loops - the linear
-    phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head."""
+    phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
+    FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
+    many ways (``_stream_folded``; the launcher enables it where the folded accumulator stays
+    small, e.g. at batch 1)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1204,14 +1247,14 @@ def drafter_kernel(
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
+                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC)
             else:
                 if HAS_FCB:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC)
                 else:
                     _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN)
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1273,13 +1316,13 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
                                  RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
@@ -1293,7 +1336,7 @@ def drafter_kernel(
                                  RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)

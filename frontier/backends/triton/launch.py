@@ -142,6 +142,13 @@ class Tuning:
     # device ms: 2 2.466 / 2.469 vs 0 2.507 / 2.508 (1 2.519 / 2.523); a barrier releases its
     # programs ~1.5 us after the last arrival (per-program stamps, scripts/batch_variants.py --stamps)
     barrier: int = 2
+    # the unsplit fc / o_proj / down streams of narrow launches fold each k-chunk up to this many
+    # ways (kernels._stream_folded): the largest power of two whose folded accumulator (fold^2 x
+    # sub-slab rows x activation rows) stays within 4 x acc_elems and whose folds keep >= 16
+    # columns (1: off). Eleventh session, H200, 8B depth 7, device ms: batch 1 (fold 4) 2.476 /
+    # 2.481 vs 2.531 / 2.530 unfolded (down 0.279 -> 0.239 ms per call, o_proj 0.110 -> 0.103,
+    # the context step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
+    lin_fold: int = 4
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -494,11 +501,18 @@ class Drafter:
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide, st_lin)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
 
+        def fold(bns: int, bk: int) -> int:  # the largest power of two <= lin_fold that fits
+            f = tn.lin_fold
+            while f > 1 and (wide or bk % f or bk // f < 16 or f * f * bns * bmp > 4 * acc):
+                f //= 2
+            return max(f, 1)
+
         qh = self.qkv_ahead(nb, slab_qh)
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
+            FOLD_FC=fold(bns_fc, bk_fc), FOLD_O=fold(bns_o, bk_o), FOLD_D=fold(bns_d, bk_d),
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
