@@ -1126,13 +1126,14 @@ def _ld_acquire(ptr):
 
 @triton.jit
 def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
-    """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program),
-    waiting programs poll it with volatile loads (no read-modify-write traffic on the line),
-    then one acquire orders what follows. A program that polls MAX_SPIN times without
-    seeing every arrival sets the error flag sync_ptr[1] and adds 2^30 to the counter, which
-    releases every waiter of this and all later barriers at once; the launcher then raises.
-    BAR: 0 - the acquire is an atomic add of 0; 1 - an acquiring load (no read-modify-write
-    serialised on the line); 2 - the polls themselves are acquiring loads (no extra round trip)."""
+    """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program);
+    waiting programs poll it with loads (no read-modify-write traffic on the line), and an
+    acquire orders what follows. BAR (the launcher's default is 2): 2 - the polls are acquiring
+    loads, so the poll that sees every arrival is the acquire (no extra round trip); 1 - volatile
+    polls, then an acquiring load; 0 - volatile polls, then an atomic add of 0 with acquire
+    semantics. A program that polls MAX_SPIN times without seeing every arrival sets the error
+    flag sync_ptr[1] and adds 2^30 to the counter, which releases every waiter of this and all
+    later barriers at once; the launcher then raises."""
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
     if BAR == 2:
@@ -1217,8 +1218,8 @@ def drafter_kernel(
     ST_LIN / ST_GU / ST_LM: software-pipeline stages of the weight streams' k-loops - the linear
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
-    many ways (``_stream_folded``; the launcher enables it where the folded accumulator stays
-    small, e.g. at batch 1)."""
+    many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
+    batch 1 by 4, batch 4 by 2, never in wide launches)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
