@@ -22,20 +22,12 @@ import triton
 import triton.language as tl
 
 from frontier.backends.triton import kernels as K_
-from frontier.bench import copy_bandwidth
+from frontier.bench import copy_bandwidth, time_calls
 
 
 def median_ms(f, reps: int = 30) -> float:
-    """Median device time (ms, CUDA events) of ``reps`` calls of ``f``."""
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    """Median ms of ``reps`` calls of ``f``, CUDA events around each (``frontier.bench.time_calls``)."""
+    return time_calls(f, warmup=1, reps=reps)
 
 
 def alternate(calls: dict, rounds: int) -> dict:
@@ -48,6 +40,14 @@ def alternate(calls: dict, rounds: int) -> dict:
 
 
 @triton.jit
+def _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS: tl.constexpr):
+    """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]."""
+    rp = s0 + tl.arange(0, BNS)
+    rr = pid * RP + rp
+    return (rp < RP) & (rr < N), w_ptr + (r * N + rr).to(tl.int64) * Kd
+
+
+@triton.jit
 def probe_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
                  BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr):
     pid = tl.program_id(0)
@@ -55,10 +55,7 @@ def probe_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
     tot = tl.zeros([BNS, BM], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rp = s0 + tl.arange(0, BNS)
-            rr = pid * RP + rp
-            rmask = (rp < RP) & (rr < N)
-            wrow = w_ptr + (r * N + rr).to(tl.int64) * Kd
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS)
             acc, _ = K_._stream_tile(wrow, rmask, x_ptr, Kd, rm, rm, M, 0, Kd, BNS, BM, BK, False, 0, ST)
             tot += acc
     tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
@@ -77,10 +74,7 @@ def probe3_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
     tot = tl.zeros([BNS, BM], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rp = s0 + tl.arange(0, BNS)
-            rr = pid * RP + rp
-            rmask = (rp < RP) & (rr < N)
-            wrow = w_ptr + (r * N + rr).to(tl.int64) * Kd
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS)
             acc = tl.zeros([S, BNS, BM], dtype=tl.float32)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kw = k0 + rs[:, None, None] * KS + rk[None, None, :]
@@ -105,10 +99,7 @@ def probe_swap_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
     tot = tl.zeros([BM, BNS], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rp = s0 + tl.arange(0, BNS)
-            rr = pid * RP + rp
-            rmask = (rp < RP) & (rr < N)
-            wrow = w_ptr + (r * N + rr).to(tl.int64) * Kd
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS)
             acc = tl.zeros([BM, BNS], dtype=tl.float32)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
