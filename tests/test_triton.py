@@ -372,12 +372,13 @@ def _draft_tuned(cfg, w, seqs, tn):
     return d, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls)
 
 
-def _assert_same_launch(a, b):
-    """Two launches' trees agree, and their scores and new cache rows to fp32 rounding (tunings
-    that cut or fold the k-chunks differently sum each dot in another order)."""
+def _assert_same_launch(a, b, score_rtol=0.0):
+    """Two launches' trees agree, their scores to 1e-5 (plus ``score_rtol``) and their new cache
+    rows to fp32 rounding (tunings that cut or fold the k-chunks differently sum each dot in
+    another order)."""
     (t0, p0, s0, c0), (t1, p1, s1, c1) = a, b
     assert torch.equal(t0, t1) and torch.equal(p0, p1)
-    torch.testing.assert_close(s0, s1, rtol=2e-5, atol=1e-5)
+    torch.testing.assert_close(s0, s1, rtol=score_rtol, atol=1e-5)
     for x, y in zip(c0, c1):  # the new rows' K/V reached each cache
         torch.testing.assert_close(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n], rtol=1e-5, atol=1e-6)
@@ -435,12 +436,7 @@ def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
     assert c["BK_GU"] < Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning()).plan(3).const["BK_GU"]
     w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 44, batch=3, lo=3, hi=9)
-    (t0, p0, s0, c0), (t1, p1, s1, c1) = _draft_tuned(cfg, w, seqs, Tuning())[1], _draft_tuned(cfg, w, seqs, deep)[1]
-    assert torch.equal(t0, t1) and torch.equal(p0, p1)
-    torch.testing.assert_close(s0, s1, rtol=0, atol=1e-5)
-    for x, y in zip(c0, c1):
-        torch.testing.assert_close(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n], rtol=1e-5, atol=1e-6)
+    _assert_same_launch(_draft_tuned(cfg, w, seqs, Tuning())[1], _draft_tuned(cfg, w, seqs, deep)[1])
 
 
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
@@ -472,8 +468,8 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     big = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=64)).plan(2).const
     assert (big["BK_D"], big["BNS_D"], big["BMP"], big["FOLD_D"]) == (128, 32, 16, 4)
     base = _draft_tuned(cfg, w, seqs, Tuning(lin_fold=1))[1]
-    for f in (2, 4):
-        _assert_same_launch(base, _draft_tuned(cfg, w, seqs, Tuning(lin_fold=f))[1])
+    for f in (2, 4):  # (scores near 2 differ by up to 1.3e-5 in the eagle2 head)
+        _assert_same_launch(base, _draft_tuned(cfg, w, seqs, Tuning(lin_fold=f))[1], score_rtol=2e-5)
     # a wide launch (many rows) keeps the unfolded streams
     assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16)).plan(2).const["FOLD_D"] == 1
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)

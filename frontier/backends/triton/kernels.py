@@ -1125,6 +1125,16 @@ def _ld_acquire(ptr):
 
 
 @triton.jit
+def _poll(sync_ptr, ACQUIRE: tl.constexpr):
+    """One poll of the barrier's arrival counter: an acquiring load, or a volatile one."""
+    if ACQUIRE:
+        cur = _ld_acquire(sync_ptr)
+    else:
+        cur = tl.load(sync_ptr, volatile=True)
+    return cur
+
+
+@triton.jit
 def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
     """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program);
     waiting programs poll it with loads (no read-modify-write traffic on the line), and an
@@ -1136,16 +1146,10 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
     later barriers at once; the launcher then raises."""
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-    if BAR == 2:
-        cur = _ld_acquire(sync_ptr)
-    else:
-        cur = tl.load(sync_ptr, volatile=True)
+    cur = _poll(sync_ptr, BAR == 2)
     spins = cur * 0
     while (cur < target) & (spins < MAX_SPIN):
-        if BAR == 2:
-            cur = _ld_acquire(sync_ptr)
-        else:
-            cur = tl.load(sync_ptr, volatile=True)
+        cur = _poll(sync_ptr, BAR == 2)
         spins += 1
     if BAR == 2:
         seen = cur
