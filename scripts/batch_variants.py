@@ -78,14 +78,6 @@ TUNINGS = {
     "bar0": dict(barrier=0),
     "nofold": dict(lin_fold=1),
     "fold2": dict(lin_fold=2),
-    "nopf": dict(pf_next_mb=0, pf_o_mb=0, pf_gu_mb=0, pf_lm_mb=0),
-    "pfo": dict(pf_next_mb=0, pf_gu_mb=0, pf_lm_mb=0),
-    "pfnext": dict(pf_o_mb=0, pf_gu_mb=0, pf_lm_mb=0),
-    "pfnext12": dict(pf_next_mb=12),
-    "pfnext40": dict(pf_next_mb=40),
-    "pfgulm0": dict(pf_gu_mb=0, pf_lm_mb=0),
-    "pfgulm32": dict(pf_gu_mb=32, pf_lm_mb=32),
-    "pfo24": dict(pf_o_mb=24),
 }
 
 

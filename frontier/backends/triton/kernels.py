@@ -242,28 +242,6 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
 
 
 @triton.jit
-def _l2_prefetch(ptr, on, nbytes):
-    """Bulk-prefetch ``nbytes`` (a multiple of 16) at each ``ptr`` (16-byte aligned) into L2 where
-    ``on`` != 0 (``cp.async.bulk.prefetch.L2``, sm_90+): fire and forget - nothing waits for it,
-    and a later load of those bytes hits L2 instead of HBM."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptr, on, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_slab(pid, RP, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, NB, QKV: tl.constexpr, BLOCK: tl.constexpr):
-    """Prefetch into L2 the first NB bytes of every row of program pid's slab of a weight stream
-    (rows pid*RP.., as ``_slab_rows``; QKV: the [Wq; Wk; Wv] row space): the part its k-loop
-    reads first. Issued by a phase that leaves HBM idle (norms, RoPE, attention, SELECT), it
-    moves that part of the next stream's HBM time under the phase. BLOCK >= RP and >= the
-    program's threads, so each thread issues at most one prefetch per row set (no replicas)."""
-    rr, rmask, wrow = _slab_rows(pid, RP, 0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BLOCK, 1)
-    on = rmask.to(tl.int32)
-    _l2_prefetch(wrow, on, on * 0 + NB)
-
-
-@triton.jit
 def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
     """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]."""
     DT = y_ptr.dtype.element_ty
@@ -1226,8 +1204,6 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1,
-    PF_NEXT: tl.constexpr = 0, PF_O: tl.constexpr = 0, PF_GU: tl.constexpr = 0, PF_LM: tl.constexpr = 0,
-    PFB: tl.constexpr = 256,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1247,12 +1223,7 @@ def drafter_kernel(
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
     many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
-    batch 1 by 4, batch 4 by 2, never in wide launches).
-    PF_NEXT / PF_O / PF_GU / PF_LM > 0 (narrow launches on sm_90+): a phase that leaves HBM idle
-    first prefetches into L2 that many bytes of each row of the program's slab of the next weight
-    stream (``_prefetch_slab``, PFB >= every such slab's rows): SELECT (and the context step's
-    PREP3) the next depth's QKV (eagle2: its fc), RoPE the o_proj, the post-attention norm
-    gate/up, the final norm the lm_head."""
+    batch 1 by 4, batch 4 by 2, never in wide launches)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1291,8 +1262,6 @@ def drafter_kernel(
                                fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
-                if PF_NEXT > 0:
-                    _prefetch_slab(pid, RP_QKV, NQ, NKVD, 2 * H, wq_ptr, wk_ptr, wv_ptr, PF_NEXT, True, PFB)
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
                          ln_in_ptr, ln_hid_ptr, H, Vt, eps, False, True, BLOCK_H)
             else:
@@ -1325,8 +1294,6 @@ def drafter_kernel(
                 _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
                            fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
         elif ph == 5:  # PH_ROPE
-            if PF_O > 0:
-                _prefetch_slab(pid, RP_O, H, 0, NQ, wo_ptr, wo_ptr, wo_ptr, PF_O, False, PFB)
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
                              cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC_KV)
@@ -1362,9 +1329,6 @@ def drafter_kernel(
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O)
         elif ph == 8:  # PH_NORM_POST
-            if PF_GU > 0:
-                _prefetch_slab(pid, RP_GU, I, 0, H, wg_ptr, wg_ptr, wg_ptr, PF_GU, False, PFB)
-                _prefetch_slab(pid, RP_GU, I, 0, H, wu_ptr, wu_ptr, wu_ptr, PF_GU, False, PFB)
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
@@ -1386,8 +1350,6 @@ def drafter_kernel(
         elif ph == 20:  # PH_RED_D: h2 = h1 + sum
             _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
         elif ph == 11:  # PH_NORM_F
-            if PF_LM > 0:
-                _prefetch_slab(pid, RP_LM, V, 0, H, lm_ptr, lm_ptr, lm_ptr, PF_LM, False, PFB)
             _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
             if QH and ahead:  # the next depth's hidden_norm of every possible parent, on the programs after these
                 _ph_norm((pid + nprog - m_out % nprog) % nprog, nprog, m_out, hout_ptr, ln_hid_ptr, xh_ptr, H, eps,
@@ -1410,12 +1372,6 @@ def drafter_kernel(
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
                                BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
         elif ph == 14:  # PH_SELECT
-            if PF_NEXT > 0:
-                if ahead:
-                    if EAGLE3:
-                        _prefetch_slab(pid, RP_QKV, NQ, NKVD, 2 * H, wq_ptr, wk_ptr, wv_ptr, PF_NEXT, True, PFB)
-                    else:
-                        _prefetch_slab(pid, RP_FC, H, 0, 2 * H, fcw_ptr, fcw_ptr, fcw_ptr, PF_NEXT, False, PFB)
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                            fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,

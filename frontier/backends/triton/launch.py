@@ -149,15 +149,6 @@ class Tuning:
     # 2.481 vs 2.531 / 2.530 unfolded (down 0.279 -> 0.239 ms per call, o_proj 0.110 -> 0.103,
     # the context step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
     lin_fold: int = 4
-    # L2 prefetch (narrow launches on sm_90+, kernels._prefetch_slab): MB of a weight stream that
-    # the phase before it prefetches into L2 while it leaves HBM idle, spread evenly over the
-    # stream's rows (the start of each row: what the k-loops read first) - the next depth's QKV
-    # (eagle2: its fc) during SELECT, the o_proj during RoPE and attention, gate/up during the
-    # post-attention norm, the lm_head during the final norm (0: off)
-    pf_next_mb: float = 24.0
-    pf_o_mb: float = 48.0
-    pf_gu_mb: float = 16.0
-    pf_lm_mb: float = 16.0
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -517,23 +508,11 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
-
-        def pf(mb: float, n_rows: int, row_bytes: int) -> int:  # bytes prefetched per row (x16)
-            return 0 if wide or mb <= 0 else min(int(mb * 2 ** 20 / n_rows), row_bytes) // 16 * 16
-
-        if eagle3:
-            pf_next = pf(tn.pf_next_mb, nq + 2 * nkv, (h if qh else attn_in) * el)
-        else:
-            pf_next = pf(tn.pf_next_mb, h, fc_in * el)
-        n_warps = tn.wide_num_warps if wide else tn.num_warps
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             FOLD_FC=fold(bns_fc, bk_fc), FOLD_O=fold(bns_o, bk_o), FOLD_D=fold(bns_d, bk_d),
-            PF_NEXT=pf_next, PF_O=pf(tn.pf_o_mb, h, nq * el),
-            PF_GU=pf(tn.pf_gu_mb, 2 * cfg.intermediate_size, h * el), PF_LM=pf(tn.pf_lm_mb, cfg.vocab_size, h * el),
-            PFB=_pow2(max(rp_qkv, rp_fc, rp_o, rp_gu, rp_lm, 32 * n_warps)),
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -546,7 +525,7 @@ class Drafter:
             BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=bs["block_a"], BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(self.grid), BLOCK_C=bs["block_c"],
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
-            num_warps=n_warps, num_stages=tn.num_stages,
+            num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
             # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
             # with (Triton's default until 3.9; 3.10 turns the default off, which changes bits and speed).
             enable_fp_fusion=True,
@@ -620,8 +599,6 @@ class Drafter:
         vec = self.vec16(lw, seqs)
         const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
                      HAS_FCB=weights.fc_bias is not None)
-        if not self.can_prefetch(weights):
-            const.update(PF_NEXT=0, PF_O=0, PF_GU=0, PF_LM=0)
         grid = (self.grid,)
         if mode == "persistent":
             args[1] = self.n_steps
@@ -714,20 +691,6 @@ class Drafter:
         # the caches' layer 0 ([kv heads, max_length, head_dim]: the storage without its layer stride)
         kv_ok = self.tuning.vec_kv and aligned([t for s in seqs for t in (s.cache.k, s.cache.v)], skip=1)
         return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
-
-    def can_prefetch(self, weights) -> bool:
-        """Whether the kernel may bulk-prefetch weight rows into L2 (``Tuning.pf_*_mb``): a GPU of
-        compute capability 9.0 or newer (``cp.async.bulk.prefetch``), not the interpreter, and
-        every prefetched matrix's rows start on 16-byte boundaries (the instruction's rule)."""
-        if self.device.type != "cuda" or interpreting():
-            return False
-        idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        if torch.cuda.get_device_capability(idx)[0] < 9:
-            return False
-        lw, el = weights.layers[0], self.dtype.itemsize
-        mats = [lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, weights.lm_head,
-                weights.fc_weight]
-        return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and t.stride(0) * el % 16 == 0 for t in mats)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
 
