@@ -78,6 +78,12 @@ TUNINGS = {
     "bar0": dict(barrier=0),
     "nofold": dict(lin_fold=1),
     "fold2": dict(lin_fold=2),
+    "fst3": dict(fold_stages=3),
+    "lin4": dict(lin_stages=4),
+    # two programs per SM (H100 / H200: 132 SMs), each with 4 warps and half the shared memory
+    "w4": dict(num_warps=4),
+    "g2w4": dict(grid=264, num_warps=4, smem_bytes=112640),
+    "g2w4s16": dict(grid=264, num_warps=4, smem_bytes=112640, stage_bytes=16384, lm_stage_bytes=16384),
 }
 
 

@@ -9,7 +9,9 @@ copy. Studies (``--study``): ``fold`` - the dot folded F ways (``kernels._stream
 plain one at 8 and 4 warps; ``packed`` - weights repacked per slab so that each stage's tile is
 one contiguous block; ``read`` - plain reads with no dot (contiguous per program, and in the
 slab's tiles); ``tiles`` - tile shapes, warps, a 3-D k-split dot, swapped operands, bulk tensor
-copies (TMA). The A/B studies alternate their variants over several rounds, because the device's
+copies (TMA); ``l2`` - the same stream from HBM and from L2 (one copy re-read), which tells a
+memory-bound k-loop from an SM-bound one; ``ksplit`` - shorter accumulator chains per k-chunk
+(folded, a 3-D dot, 2 or 4 separate accumulators), from HBM and L2. The A/B studies alternate their variants over several rounds, because the device's
 speed drifts between runs by more than the differences sought.
 
     python3 scripts/stream_probe.py --study fold,packed      # the 8B preset's streams at batch 1
@@ -40,22 +42,27 @@ def alternate(calls: dict, rounds: int) -> dict:
 
 
 @triton.jit
-def _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS: tl.constexpr):
-    """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]."""
+def _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS: tl.constexpr, L2: tl.constexpr = False):
+    """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]
+    (L2: every repetition reads the first copy again, which then stays in L2)."""
     rp = s0 + tl.arange(0, BNS)
     rr = pid * RP + rp
-    return (rp < RP) & (rr < N), w_ptr + (r * N + rr).to(tl.int64) * Kd
+    if L2:
+        row = rr
+    else:
+        row = r * N + rr
+    return (rp < RP) & (rr < N), w_ptr + row.to(tl.int64) * Kd
 
 
 @triton.jit
 def probe_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
-                 BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr):
+                 BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, L2: tl.constexpr = False):
     pid = tl.program_id(0)
     rm = tl.arange(0, BM)
     tot = tl.zeros([BNS, BM], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS)
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS, L2)
             acc, _ = K_._stream_tile(wrow, rmask, x_ptr, Kd, rm, rm, M, 0, Kd, BNS, BM, BK, False, 0, ST)
             tot += acc
     tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
@@ -63,7 +70,8 @@ def probe_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
 
 @triton.jit
 def probe3_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
-                  BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, S: tl.constexpr):
+                  BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, S: tl.constexpr,
+                  L2: tl.constexpr = False):
     """The same stream with each k-chunk split into S slices that a batched dot gives to
     different warps ([S, BNS, BK/S] @ [S, BK/S, BM]), summed over S after the k-loop."""
     pid = tl.program_id(0)
@@ -74,7 +82,7 @@ def probe3_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
     tot = tl.zeros([BNS, BM], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS)
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS, L2)
             acc = tl.zeros([S, BNS, BM], dtype=tl.float32)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kw = k0 + rs[:, None, None] * KS + rk[None, None, :]
@@ -85,6 +93,43 @@ def probe3_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
                             cache_modifier=".cg")
                 acc = tl.dot(w, x, acc)
             tot += tl.sum(acc, 0)
+    tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
+
+
+@triton.jit
+def _acc_part(wrow, rmask, x_ptr, Kd, rm, M, k0, rk, acc):
+    """acc += W[rows, k0 + rk] @ X[rm, k0 + rk]^T (one column block of a k-chunk)."""
+    w = tl.load(wrow[:, None] + k0 + rk[None, :], mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
+    x = tl.load(x_ptr + rm[None, :] * Kd + k0 + rk[:, None], mask=rm[None, :] < M, other=0.0, cache_modifier=".cg")
+    return tl.dot(w, x, acc)
+
+
+@triton.jit
+def probe_acc_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
+                     BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, S: tl.constexpr,
+                     L2: tl.constexpr = False):
+    """The stream with each k-chunk split into S (2 or 4) column blocks, each with its own
+    accumulator: S independent dot chains of BK/S columns (no wasted products, unlike the fold;
+    no batched dot, unlike probe3), summed after the k-loop."""
+    pid = tl.program_id(0)
+    KS: tl.constexpr = BK // S
+    rm = tl.arange(0, BM)
+    rk = tl.arange(0, KS)
+    tot = tl.zeros([BNS, BM], dtype=tl.float32)
+    for r in range(R):
+        for s0 in range(0, RP, BNS):
+            rmask, wrow = _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS, L2)
+            a0 = tl.zeros([BNS, BM], dtype=tl.float32)
+            a1 = tl.zeros([BNS, BM], dtype=tl.float32)
+            a2 = tl.zeros([BNS, BM], dtype=tl.float32)
+            a3 = tl.zeros([BNS, BM], dtype=tl.float32)
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
+                a0 = _acc_part(wrow, rmask, x_ptr, Kd, rm, M, k0, rk, a0)
+                a1 = _acc_part(wrow, rmask, x_ptr, Kd, rm, M, k0 + KS, rk, a1)
+                if S == 4:
+                    a2 = _acc_part(wrow, rmask, x_ptr, Kd, rm, M, k0 + 2 * KS, rk, a2)
+                    a3 = _acc_part(wrow, rmask, x_ptr, Kd, rm, M, k0 + 3 * KS, rk, a3)
+            tot += (a0 + a1) + (a2 + a3)
     tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
 
 
@@ -197,7 +242,8 @@ def probe_packed_kernel(wp_ptr, x_ptr, out_ptr, Kd, RP, R, M, G,
 
 @triton.jit
 def probe_fold_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
-                      BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, F: tl.constexpr):
+                      BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, F: tl.constexpr,
+                      L2: tl.constexpr = False):
     """The stream with each [BNS, BK] weight chunk folded into F row blocks of BK/F columns
     ([F*BNS, BK/F], block f = columns f*BK/F..) against the activations folded the same way
     along the dot's N ([BK/F, F*BM], block g); the wanted sums are the diagonal blocks f == g,
@@ -214,7 +260,11 @@ def probe_fold_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
             rp = s0 + rf % BNS
             rr = pid * RP + rp
             rmask = (rp < RP) & (rr < N)
-            wrow = w_ptr + (r * N + rr).to(tl.int64) * Kd + (rf // BNS) * KF
+            if L2:
+                row = rr
+            else:
+                row = r * N + rr
+            wrow = w_ptr + row.to(tl.int64) * Kd + (rf // BNS) * KF
             xcol = x_ptr + (rc % BM) * Kd + (rc // BM) * KF
             acc = tl.zeros([F * BNS, F * BM], dtype=tl.float32)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
@@ -328,6 +378,73 @@ def ab_packed(name, n, kd, reps, bns, bk, st, grid, dev, bw, rounds=6, nw=8):
     del w, wp
 
 
+def ab_l2(name, n, kd, reps, bns, bk, st, fold, grid, dev, bw, rounds=6):
+    """The drafter's stream (plain, and folded ``fold`` ways) over ``reps`` distinct copies of a
+    matrix (HBM) against ``reps`` passes over one copy that stays in L2, alternated: whether the
+    k-loop is bound by the memory it reads or by the SM that runs it."""
+    w = torch.randn(reps * n, kd, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(16, kd, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(grid, device=dev, dtype=torch.float32)
+    rp = -(-n // grid)
+    args = (w, x, out, n, kd, rp, reps, 10)
+    kw = dict(BNS=bns, BK=bk, ST=st, BM=16, num_warps=8)
+    calls = {"plain HBM": lambda: probe_kernel[(grid,)](*args, **kw),
+             "plain L2": lambda: probe_kernel[(grid,)](*args, **kw, L2=True),
+             f"fold{fold} HBM": lambda: probe_fold_kernel[(grid,)](*args, **kw, F=fold),
+             f"fold{fold} L2": lambda: probe_fold_kernel[(grid,)](*args, **kw, F=fold, L2=True)}
+    for f in calls.values():
+        f()
+    torch.cuda.synchronize()
+    got = alternate(calls, rounds)
+    line = []
+    for key, v in got.items():
+        ms = statistics.median(v)
+        rate = reps * n * kd * 2 / ms / 1e9
+        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}%")
+    print(f"L2/HBM {name:8s} {n * kd * 2 / 2 ** 20:5.1f} MB RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st}: "
+          + "  ".join(line), flush=True)
+    del w
+
+
+def ab_ksplit(name, n, kd, reps, bns, bk, st, grid, dev, bw, rounds=5, l2=(False, True)):
+    """Ways to shorten the dot's accumulator chain (each chunk's BK/16 dependent MMAs): the plain
+    loop, folded by 4, a 3-D batched k-split dot, and 2 or 4 separate accumulators; from HBM
+    and from L2, alternated."""
+    w = torch.randn(reps * n, kd, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(16, kd, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(grid, device=dev, dtype=torch.float32)
+    ref = torch.empty(grid, device=dev, dtype=torch.float32)
+    rp = -(-n // grid)
+    args = (w, x, out, n, kd, rp, reps, 10)
+    kw = dict(BNS=bns, BK=bk, ST=st, BM=16, num_warps=8)
+    calls = {}
+    for m in l2:
+        tag = "L2" if m else "HBM"
+        calls[f"plain {tag}"] = lambda m=m: probe_kernel[(grid,)](*args, **kw, L2=m)
+        calls[f"fold4 {tag}"] = lambda m=m: probe_fold_kernel[(grid,)](*args, **kw, F=4, L2=m)
+        calls[f"3d4 {tag}"] = lambda m=m: probe3_kernel[(grid,)](*args, **kw, S=4, L2=m)
+        calls[f"acc2 {tag}"] = lambda m=m: probe_acc_kernel[(grid,)](*args, **kw, S=2, L2=m)
+        calls[f"acc4 {tag}"] = lambda m=m: probe_acc_kernel[(grid,)](*args, **kw, S=4, L2=m)
+    probe_kernel[(grid,)](w, x, ref, n, kd, rp, reps, 10, **kw)
+    for key, f in list(calls.items()):
+        try:
+            f()
+            torch.cuda.synchronize()
+            err = ((out - ref).abs() / ref.abs().clamp_min(1)).max().item()
+            assert err < 1e-3 or "L2" in key, f"disagrees ({err:.1e})"
+        except Exception as exc:
+            print(f"ksplit {name} {key}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            calls.pop(key)
+    got = alternate(calls, rounds)
+    line = []
+    for key, v in got.items():
+        ms = statistics.median(v)
+        rate = reps * n * kd * 2 / ms / 1e9
+        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}%")
+    print(f"ksplit {name:8s} RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st}:\n    " + "\n    ".join(line), flush=True)
+    del w
+
+
 def run_read2d(n, kd, variants, grid, dev, bw):
     w = torch.randn(n, kd, device=dev, dtype=torch.bfloat16)
     out = torch.empty(grid, device=dev, dtype=torch.float32)
@@ -403,7 +520,7 @@ def run(name, n, kd, reps_mat, variants, grid, dev, bw):
     del w
 
 
-STUDIES = ("fold", "packed", "read", "tiles")
+STUDIES = ("fold", "packed", "read", "tiles", "l2", "ksplit")
 ap = argparse.ArgumentParser()
 ap.add_argument("--grid", type=int, default=0)
 ap.add_argument("--study", default=",".join(STUDIES), help="comma-separated: " + ", ".join(STUDIES))
@@ -439,3 +556,13 @@ if "tiles" in studies:  # tile shapes, warps, a 3-D k-split dot, swapped operand
                                     (256, 64, 4, 4), (128, 128, 4, 8, S), (128, 128, 4, 8, T)], grid, dev, bw)
     run("gate", 14336, 4096, 2, [(128, 64, 4), (128, 128, 4), (64, 256, 4), (128, 64, 4, 4), (128, 128, 4, 8, T)],
         grid, dev, bw)
+if "l2" in studies:  # the same streams from HBM and from L2 (matrices that fit in it)
+    for name, n, kd, bns, bk, st, f in (("o_proj", 4096, 4096, 32, 512, 3, 4), ("o_half", 2048, 4096, 16, 512, 3, 4),
+                                        ("qkv_emb", 6144, 2048, 64, 256, 3, 2)):
+        ab_l2(name, n, kd, 8, bns, bk, st, f, grid, dev, bw)
+if "ksplit" in studies:  # shorter accumulator chains: fold, 3-D dot, separate accumulators
+    ab_ksplit("o_proj", 4096, 4096, 8, 32, 512, 3, grid, dev, bw)
+    ab_ksplit("o_proj", 4096, 4096, 8, 32, 512, 4, grid, dev, bw, l2=(False,))
+    ab_ksplit("down", 4096, 14336, 2, 32, 512, 3, grid, dev, bw, l2=(False,))
+    ab_ksplit("qkv_emb", 6144, 4096, 4, 64, 256, 3, grid, dev, bw, l2=(False,))
+    ab_ksplit("qkv_emb", 6144, 4096, 4, 64, 256, 4, grid, dev, bw, l2=(False,))

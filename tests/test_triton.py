@@ -355,9 +355,10 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
-def _draft_tuned(cfg, w, seqs, tn):
-    """One "steps" launch of the ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the
-    drafter and (tokens, parents, scores, the SeqCalls with their caches)."""
+def _draft_tuned(cfg, w, seqs, tn, mode="steps"):
+    """One launch (``mode``: "steps", or "persistent" on a GPU) of the ragged batch ``seqs``
+    (fresh caches) with tuning ``tn``: the drafter and (tokens, parents, scores, the SeqCalls
+    with their caches)."""
     from frontier.backends.triton.launch import Drafter, SeqCall
     from frontier.cache import DraftCache
 
@@ -368,7 +369,7 @@ def _draft_tuned(cfg, w, seqs, tn):
         calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
                              feats.shape[1]))
     d.alloc_outputs(len(calls))
-    d.run_batch(w, calls, "steps")
+    d.run_batch(w, calls, mode)
     return d, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls)
 
 
@@ -473,6 +474,53 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     # a wide launch (many rows) keeps the unfolded streams
     assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16)).plan(2).const["FOLD_D"] == 1
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
+
+
+def _fold_config():
+    """A tiny eagle3 head whose fc / o_proj / down all fold (k-chunks of 64-256 columns)."""
+    return random_config(architecture="eagle3", total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64,
+                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, target_vocab_size=130)
+
+
+def test_folded_streams_pipeline_depth_follows_the_activation_tile():
+    """``Tuning.fold_stages`` pipelines the folded streams deeper (the kernel's ST_FOLD) only
+    where their activation tile has 64 rows or more (batch 9 x top_k 4 = 36 rows here), and only
+    if every folded stream's stages then fit in shared memory; otherwise, and at 16-row tiles,
+    they keep the linear phases' depth."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = _fold_config()
+    seen = set()
+    for smem in (225280, 120000, 90000):
+        tn = Tuning(smem_bytes=smem)
+        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        narrow = d.plan(2).const
+        assert narrow["BMP"] == 16 and narrow["FOLD_D"] == 4 and narrow["ST_FOLD"] == narrow["ST_LIN"] == 3
+        c = d.plan(9).const
+        assert c["BMP"] == 64 and c["FOLD_D"] == 2 and c["ST_LIN"] == 3
+        fits = all(c["FOLD_" + k] == 1 or 4 * (c["BNS_" + k] + 64) * c["BK_" + k] * 4 <= smem for k in ("FC", "O", "D"))
+        assert c["ST_FOLD"] == (4 if fits else 3)
+        seen.add(c["ST_FOLD"])
+    assert seen == {3, 4}  # 90 KB cannot hold four 64-column stages of 32 + 64 fp32 rows
+    assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None)).plan(9).const["ST_FOLD"] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_deeper_folded_pipeline_drafts_alike():
+    """On the GPU the pipeline depth changes when each k-chunk arrives, not what is summed:
+    four stages of the folded streams (batch 9, 64-row tiles, folds of 2) draft the same trees,
+    scores and cache rows as three, and each sequence as torch_ref drafts it alone."""
+    from frontier.backends.triton.launch import Tuning
+
+    cfg = _fold_config()
+    w = random_weights(cfg, seed=81, lm_head_scale=6.0, device="cuda")
+    seqs, g = _ragged(cfg, 82, batch=9, lo=3, hi=9)
+    d3, a = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=3), mode="persistent")
+    d4, b = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=4), mode="persistent")
+    assert (d3.plan(9).const["ST_FOLD"], d4.plan(9).const["ST_FOLD"]) == (3, 4)
+    _assert_same_launch(a, b)
+    _batch_vs_single(cfg, w, seqs, g, "cuda", calls=2)
 
 
 @pytest.mark.parametrize("seed", [61, 73])

@@ -149,6 +149,12 @@ class Tuning:
     # 2.481 vs 2.531 / 2.530 unfolded (down 0.279 -> 0.239 ms per call, o_proj 0.110 -> 0.103,
     # the context step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
     lin_fold: int = 4
+    # software-pipeline stages of the folded streams where their activation tile has >= 64 rows
+    # (batch 4 and up; None: those of the linear phases), if every folded stream's stages fit in
+    # smem_bytes. Twelfth session, H200, device ms: 8B depth 7 batch 4 (fold 2) 3.666 / 3.679 vs
+    # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
+    # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
+    fold_stages: Optional[int] = 4
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -508,11 +514,15 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
+        folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
+        st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
+        if any(f > 1 and st_fold * (bns + bmp) * bk * el > tn.smem_bytes for f, bns, bk in folds):
+            st_fold = st_lin
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
-            FOLD_FC=fold(bns_fc, bk_fc), FOLD_O=fold(bns_o, bk_o), FOLD_D=fold(bns_d, bk_d),
+            FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
