@@ -41,6 +41,33 @@ def alternate(calls: dict, rounds: int) -> dict:
     return got
 
 
+def checked(calls: dict, out, ref, label: str) -> dict:
+    """Runs each call once; drops (and reports) those that fail to compile or launch. Returns
+    each remaining call's largest relative difference of ``out`` from ``ref``."""
+    errs = {}
+    for key, f in list(calls.items()):
+        try:
+            f()
+            torch.cuda.synchronize()
+            errs[key] = ((out - ref).abs() / ref.abs().clamp_min(1)).max().item()
+        except Exception as exc:
+            print(f"{label} {key}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            calls.pop(key)
+    return errs
+
+
+def ab_lines(calls: dict, rounds: int, nbytes: int, reps: int, bw: float, extra=None) -> list[str]:
+    """Alternates ``calls`` (each moving ``reps`` matrices of ``nbytes``) and gives per call its
+    median µs per matrix and % of the copy bandwidth (plus ``extra(key, per-round ms)``)."""
+    got = alternate(calls, rounds)
+    line = []
+    for key, v in got.items():
+        ms = statistics.median(v)
+        rate = reps * nbytes / ms / 1e9
+        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}%" + (extra(key, v) if extra else ""))
+    return line
+
+
 @triton.jit
 def _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS: tl.constexpr, L2: tl.constexpr = False):
     """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]
@@ -296,21 +323,8 @@ def ab_fold(name, n, kd, reps, bns, bk, st, folds, grid, dev, bw, rounds=6):
     except Exception as exc:
         print(f"{name} BNS {bns} BK {bk} stages {st}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         return
-    errs = {}
-    for key, f in calls.items():
-        try:
-            f()
-            torch.cuda.synchronize()
-            errs[key] = ((out - ref).abs() / ref.abs().clamp_min(1)).max().item()
-        except Exception as exc:
-            print(f"{name} {key}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-    calls = {k: v for k, v in calls.items() if k in errs}
-    got = alternate(calls, rounds)
-    line = []
-    for key, v in got.items():
-        ms = statistics.median(v)
-        rate = reps * n * kd * 2 / ms / 1e9
-        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}% (err {errs[key]:.0e})")
+    errs = checked(calls, out, ref, name)
+    line = ab_lines(calls, rounds, n * kd * 2, reps, bw, lambda key, v: f" (err {errs[key]:.0e})")
     print(f"A/B {name:8s} RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st}: " + "  ".join(line), flush=True)
     del w
 
@@ -367,13 +381,8 @@ def ab_packed(name, n, kd, reps, bns, bk, st, grid, dev, bw, rounds=6, nw=8):
     for f in calls.values():
         f()
     torch.cuda.synchronize()
-    got = alternate(calls, rounds)
-    line = []
-    for key, v in got.items():
-        ms = statistics.median(v)
-        rate = reps * n * kd * 2 / ms / 1e9
-        line.append(f"{key} {ms * 1e3 / reps:7.2f} us {100 * rate * 1e12 / bw:5.1f}% "
-                    f"(rounds {min(v) * 1e3 / reps:.2f}-{max(v) * 1e3 / reps:.2f})")
+    line = ab_lines(calls, rounds, n * kd * 2, reps, bw,
+                    lambda key, v: f" (rounds {min(v) * 1e3 / reps:.2f}-{max(v) * 1e3 / reps:.2f})")
     print(f"A/B {name:8s} RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st} warps {nw}: " + "  ".join(line), flush=True)
     del w, wp
 
@@ -392,15 +401,8 @@ def ab_l2(name, n, kd, reps, bns, bk, st, fold, grid, dev, bw, rounds=6):
              "plain L2": lambda: probe_kernel[(grid,)](*args, **kw, L2=True),
              f"fold{fold} HBM": lambda: probe_fold_kernel[(grid,)](*args, **kw, F=fold),
              f"fold{fold} L2": lambda: probe_fold_kernel[(grid,)](*args, **kw, F=fold, L2=True)}
-    for f in calls.values():
-        f()
-    torch.cuda.synchronize()
-    got = alternate(calls, rounds)
-    line = []
-    for key, v in got.items():
-        ms = statistics.median(v)
-        rate = reps * n * kd * 2 / ms / 1e9
-        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}%")
+    checked(calls, out, out, name)
+    line = ab_lines(calls, rounds, n * kd * 2, reps, bw)
     print(f"L2/HBM {name:8s} {n * kd * 2 / 2 ** 20:5.1f} MB RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st}: "
           + "  ".join(line), flush=True)
     del w
@@ -426,21 +428,8 @@ def ab_ksplit(name, n, kd, reps, bns, bk, st, grid, dev, bw, rounds=5, l2=(False
         calls[f"acc2 {tag}"] = lambda m=m: probe_acc_kernel[(grid,)](*args, **kw, S=2, L2=m)
         calls[f"acc4 {tag}"] = lambda m=m: probe_acc_kernel[(grid,)](*args, **kw, S=4, L2=m)
     probe_kernel[(grid,)](w, x, ref, n, kd, rp, reps, 10, **kw)
-    for key, f in list(calls.items()):
-        try:
-            f()
-            torch.cuda.synchronize()
-            err = ((out - ref).abs() / ref.abs().clamp_min(1)).max().item()
-            assert err < 1e-3 or "L2" in key, f"disagrees ({err:.1e})"
-        except Exception as exc:
-            print(f"ksplit {name} {key}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            calls.pop(key)
-    got = alternate(calls, rounds)
-    line = []
-    for key, v in got.items():
-        ms = statistics.median(v)
-        rate = reps * n * kd * 2 / ms / 1e9
-        line.append(f"{key} {ms * 1e3 / reps:6.2f} us {100 * rate * 1e12 / bw:5.1f}%")
+    errs = checked(calls, out, ref, f"ksplit {name}")  # (L2 calls sum one copy 8 times: not comparable)
+    line = ab_lines(calls, rounds, n * kd * 2, reps, bw, lambda key, v: "" if "L2" in key else f" (err {errs[key]:.0e})")
     print(f"ksplit {name:8s} RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st}:\n    " + "\n    ".join(line), flush=True)
     del w
 
