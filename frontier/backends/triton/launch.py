@@ -150,8 +150,8 @@ class Tuning:
     # the context step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
     lin_fold: int = 4
     # software-pipeline stages of the folded streams where their activation tile has >= 64 rows
-    # (batch 4 and up; None: those of the linear phases), if every folded stream's stages fit in
-    # smem_bytes. Twelfth session, H200, device ms: 8B depth 7 batch 4 (fold 2) 3.666 / 3.679 vs
+    # (at top_k 10 batches 4 to 6; wider launches do not fold; None: the linear phases' stages),
+    # if every folded stream's stages fit in smem_bytes. Twelfth session, H200, device ms: 8B depth 7 batch 4 (fold 2) 3.666 / 3.679 vs
     # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
     # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
     fold_stages: Optional[int] = 4
