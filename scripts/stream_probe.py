@@ -69,16 +69,21 @@ def ab_lines(calls: dict, rounds: int, nbytes: int, reps: int, bw: float, extra=
 
 
 @triton.jit
+def _first_row(rr, r, N, L2: tl.constexpr):
+    """Where row(s) ``rr`` of repetition r lie in the [R * N, Kd] weight: in copy r, or with L2
+    in the first copy, which every repetition then reads again (so it stays in L2)."""
+    if L2:
+        return rr
+    else:
+        return r * N + rr
+
+
+@triton.jit
 def _slab_rows(w_ptr, pid, r, s0, N, Kd, RP, BNS: tl.constexpr, L2: tl.constexpr = False):
-    """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]
-    (L2: every repetition reads the first copy again, which then stays in L2)."""
+    """Sub-slab s0 of program pid's slab in repetition r: its rows' mask and pointers [BNS]."""
     rp = s0 + tl.arange(0, BNS)
     rr = pid * RP + rp
-    if L2:
-        row = rr
-    else:
-        row = r * N + rr
-    return (rp < RP) & (rr < N), w_ptr + row.to(tl.int64) * Kd
+    return (rp < RP) & (rr < N), w_ptr + _first_row(rr, r, N, L2).to(tl.int64) * Kd
 
 
 @triton.jit
@@ -271,37 +276,16 @@ def probe_packed_kernel(wp_ptr, x_ptr, out_ptr, Kd, RP, R, M, G,
 def probe_fold_kernel(w_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
                       BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, F: tl.constexpr,
                       L2: tl.constexpr = False):
-    """The stream with each [BNS, BK] weight chunk folded into F row blocks of BK/F columns
-    ([F*BNS, BK/F], block f = columns f*BK/F..) against the activations folded the same way
-    along the dot's N ([BK/F, F*BM], block g); the wanted sums are the diagonal blocks f == g,
-    added after the k-loop. The dot is F times taller, so its warps split rows instead of
-    each reading the same weight rows."""
+    """The drafter's folded stream (``kernels._stream_folded``: each [BNS, BK] weight chunk read
+    as F row blocks of BK/F columns against the activations folded the same way along the dot's
+    N, the diagonal blocks summed after the k-loop) over each program's slab."""
     pid = tl.program_id(0)
-    KF: tl.constexpr = BK // F
-    rf = tl.arange(0, F * BNS)
-    rc = tl.arange(0, F * BM)
-    rk = tl.arange(0, KF)
     tot = tl.zeros([BNS, BM], dtype=tl.float32)
     for r in range(R):
         for s0 in range(0, RP, BNS):
-            rp = s0 + rf % BNS
-            rr = pid * RP + rp
-            rmask = (rp < RP) & (rr < N)
-            if L2:
-                row = rr
-            else:
-                row = r * N + rr
-            wrow = w_ptr + row.to(tl.int64) * Kd + (rf // BNS) * KF
-            xcol = x_ptr + (rc % BM) * Kd + (rc // BM) * KF
-            acc = tl.zeros([F * BNS, F * BM], dtype=tl.float32)
-            for k0 in tl.range(0, Kd, BK, num_stages=ST):
-                w = tl.load(wrow[:, None] + k0 + rk[None, :], mask=rmask[:, None], other=0.0,
-                            eviction_policy="evict_first")
-                x = tl.load(xcol[None, :] + k0 + rk[:, None], mask=(rc % BM < M)[None, :], other=0.0,
-                            cache_modifier=".cg")
-                acc = tl.dot(w, x, acc)
-            acc = tl.where((rf // BNS)[:, None] == (rc // BM)[None, :], acc, 0.0)
-            tot += tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
+            row = pid * RP + s0
+            tot += K_._stream_folded(w_ptr, Kd, _first_row(row, r, N, L2), tl.minimum(RP - s0, N - row), x_ptr, Kd,
+                                     0, M, 0, Kd, BNS, BM, BK, False, ST, F)
     tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
 
 
