@@ -79,7 +79,7 @@ TUNINGS = {
     "nofold": dict(lin_fold=1),
     "fold2": dict(lin_fold=2),
     "fst3": dict(fold_stages=3),
-    "nofn": dict(fuse_norms=False),
+    "lin4": dict(lin_stages=4),
     # two programs per SM (H100 / H200: 132 SMs), each with 4 warps and half the shared memory
     "w4": dict(num_warps=4),
     "g2w4": dict(grid=264, num_warps=4, smem_bytes=112640),

@@ -476,47 +476,6 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
 
 
-@pytest.mark.parametrize("arch,over,seed", [
-    ("eagle3", dict(vocab_size=64, target_vocab_size=100, total_token=12, depth=3, top_k=3), 61),
-    ("eagle3", dict(vocab_size=50, total_token=10, depth=2, top_k=4, hidden_size=48, num_attention_heads=6,
-                    num_key_value_heads=3, intermediate_size=40), 67),
-    ("eagle2", dict(vocab_size=40, total_token=9, depth=2, top_k=3, hidden_size=40, num_attention_heads=5,
-                    num_key_value_heads=1, intermediate_size=56), 71),
-])
-def test_fused_norms_draft_what_the_norm_phases_draft(arch, over, seed):
-    """``Tuning.fuse_norms`` (narrow launches): no NORM_POST / NORM_F phases; o_proj and down
-    leave per-program partial sums of squares of h1 / hout, and gate/up, lm_head and QH's hidden
-    half normalise their activations as they stream. Over ragged batches and grids of 2 and 7
-    programs: the trees equal the norm phases' (scores to fp32 rounding: the variance is summed in
-    another order) and each sequence's torch_ref tokens; the partials left by the last down add
-    up to each output row's sum of squares; wide launches keep the norm phases."""
-    from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.launch import Drafter, Tuning
-    from frontier.cache import DraftCache
-
-    cfg = random_config(architecture=arch, **over)
-    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
-    seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
-    norms = {K_.PH_NORM_POST, K_.PH_NORM_F}
-    for grid in (None, 7):
-        d0, plain = _draft_tuned(cfg, w, seqs, Tuning(grid=grid, fuse_norms=False))
-        d1, fused = _draft_tuned(cfg, w, seqs, Tuning(grid=grid))
-        assert not d0.plan(2).const["FUSE_NORM"] and d1.plan(2).const["FUSE_NORM"]
-        assert norms & {c // 256 for c in d0.schedule.tolist()}
-        assert not norms & {c // 256 for c in d1.schedule.tolist()}
-        _assert_same_launch(plain, fused)
-        rows = 2 * cfg.top_k
-        sumsq = d1.ws.ss[: d1.grid, :rows].sum(0)
-        torch.testing.assert_close(sumsq, d1.ws.hout[:rows].float().pow(2).sum(-1), rtol=1e-5, atol=1e-6)
-        for b, (ids, feats) in enumerate(seqs):
-            ref = frontier_generate(cfg, feats.to(DEVICE), "torch_ref", input_ids=ids.to(DEVICE), weights=w,
-                                    cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
-            assert torch.equal(ref.draft_tokens.reshape(-1).cpu(), fused[0][b].cpu())
-    wide = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(BM=32, wide_bm=32))
-    assert wide.plan(2).wide and not wide.plan(2).const["FUSE_NORM"]
-    assert K_.PH_NORM_POST in {c // 256 for c in wide.schedules[True, False].tolist()}
-
-
 def _fold_config():
     """A tiny eagle3 head whose fc / o_proj / down all fold (k-chunks of 64-256 columns)."""
     return random_config(architecture="eagle3", total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64,
@@ -602,9 +561,8 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     are the ones after the merged rows (12 and 8 programs) and the interpreter's 2 programs (every
     program streams after its rows), and for a hidden size whose half is not 16-byte aligned
     (30 x fp32): trees, scores and cache rows equal the one-stream launch, tokens and tree
-    torch_ref's, and the last partials are hidden_norm(rows) @ Wqkv[:, H:]^T (checked where NORM_F
-    writes hidden_norm's rows: without fused norms). Slabs that would need two sub-slabs, eagle2
-    heads and rows beyond the batch-1 tile turn it off."""
+    torch_ref's, and the last partials are hidden_norm(rows) @ Wqkv[:, H:]^T. Slabs that would
+    need two sub-slabs, eagle2 heads and rows beyond the batch-1 tile turn it off."""
     from frontier.backends.triton.launch import Tuning
     from frontier.cache import DraftCache
 
@@ -613,13 +571,11 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(qkv_ahead=False), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32),
-               Tuning(grid=8, BM=32, fuse_norms=False)):
+    for tn in (Tuning(qkv_ahead=False), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.qkv_ahead(2) == tn.qkv_ahead
         outs.append(out)
-        if tn.qkv_ahead and not tn.fuse_norms:  # the partials of the last step that streamed them (depth
-            # D-2's rows; with fused norms the stream normalises hout itself and xh is not written)
+        if tn.qkv_ahead:  # the partials of the last step that streamed them (depth D-2's rows)
             lw = w.layers[0]
             wh = torch.cat([lw.q_proj, lw.k_proj, lw.v_proj])[:, hidden:]
             rows = 2 * cfg.top_k

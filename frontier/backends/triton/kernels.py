@@ -149,32 +149,6 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
 
 
 @triton.jit
-def _x_norm(x, rs, lw_ptr, kk, k_hi):
-    """RMSNorm applied to an activation chunk [BK, rows] as it streams (``_rms_row``'s rounding:
-    ``w * (x * rstd)`` with the product cast to the compute dtype first), given each row's
-    rstd ``rs`` [rows] and the norm's weights at columns ``kk``."""
-    DT = x.dtype
-    w = tl.load(lw_ptr + kk, mask=kk < k_hi, other=0.0).to(tl.float32)
-    y = (x.to(tl.float32) * rs[None, :]).to(DT).to(tl.float32)
-    return (w[:, None] * y).to(DT)
-
-
-@triton.jit
-def _rows_rstd(ss_ptr, NP, MR, rm, M, H, eps, BLOCK_P: tl.constexpr):
-    """``1 / sqrt(mean(x^2) + eps)`` of activation rows ``rm`` (H wide), correctly rounded as
-    ``_rms_row`` takes it, from the partial sums of squares that the NP programs of the phase
-    that wrote the rows left in ``ss[p, m]`` (``_linear_out``'s SS; row stride MR). The partials
-    are summed in an order that follows the tile's layout, so phases with different tile shapes
-    may take a row's rstd one ulp apart (the final norm in lm_head and hidden_norm in QH's hidden
-    half; torch takes the two alike): parity with the reference is on the outputs."""
-    rp = tl.arange(0, BLOCK_P)
-    part = tl.load(ss_ptr + rp[:, None] * MR + rm[None, :], mask=(rp < NP)[:, None] & (rm < M)[None, :], other=0.0,
-                   cache_modifier=".cg")
-    var = tl.math.div_rn(tl.sum(part, axis=0), H.to(tl.float32))
-    return _recip_rn(tl.sqrt_rn(var + eps))
-
-
-@triton.jit
 def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
                    BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                    ST: tl.constexpr, F: tl.constexpr):
@@ -210,15 +184,13 @@ def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
 @triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                 BM2: tl.constexpr, ST: tl.constexpr, rs=0.0, lw_ptr=0, NRM: tl.constexpr = False):
+                 BM2: tl.constexpr, ST: tl.constexpr):
     """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
     valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
     ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs). BM2 > 0: each
     weight chunk also meets a second, narrower tile ``rm2`` (acc2 [BNS, BM2]), so that BM + BM2
     rows (e.g. 128 + 32 for 160 rows) cost no padding to the next power of two; with BM2 = 0
-    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages). NRM (BM2 = 0): the
-    activation rows are RMSNorm's input, normalised as they stream (``_x_norm``: rstd ``rs`` per
-    row, weights at ``lw_ptr``)."""
+    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages)."""
     rk = tl.arange(0, BK)
     acc = tl.zeros([BNS, BM], dtype=tl.float32)
     if BM2 > 0:
@@ -229,10 +201,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         kk = k0 + rk
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
-        x = _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi)
-        if NRM:
-            x = _x_norm(x, rs, lw_ptr, kk, k_hi)
-        acc = _mma(w, x, acc, IEEE)
+        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
         if BM2 > 0:
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
     return acc, acc2
@@ -273,12 +242,8 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
 
 
 @triton.jit
-def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr,
-                SS: tl.constexpr = False, ss_row=0, more=False):
-    """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]. SS: also
-    this program's share of each activation row's sum of squares of the stored values, for an
-    RMSNorm fused into the phase that reads them (``_rows_rstd``); at ``ss_row`` (this program's
-    slot), added to what an earlier sub-slab of the program left there when ``more``."""
+def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
+    """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]."""
     DT = y_ptr.dtype.element_ty
     msk = rmask[:, None] & (rm[None, :] < M)
     if MODE == 1:
@@ -296,21 +261,13 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
     else:
         out = acc.to(DT)
     tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
-    if SS:
-        o = out.to(tl.float32)
-        part = tl.sum(tl.where(msk, o * o, 0.0), axis=0)
-        tl.debug_barrier()
-        part += tl.load(ss_row + rm, mask=(rm < M) & more, other=0.0)
-        tl.store(ss_row + rm, part, mask=rm < M)
 
 
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1, STF: tl.constexpr = 0,
-               SS: tl.constexpr = False, NRM: tl.constexpr = False, ss_ptr=0, MR=0, lw_ptr=0, eps=0.0,
-               BLOCK_P: tl.constexpr = 16):
+               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1, STF: tl.constexpr = 0):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
     sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
@@ -324,28 +281,18 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
     7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
     activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
     FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), pipelined
-    STF stages (0: ST).
-    Fused RMSNorms (the launcher's ``fuse_norms``): SS - the epilogue leaves each output row's sum
-    of squares over this program's columns in ``ss[pid]`` (row stride MR) for the phase that
-    normalises them; NRM (unfolded) - X is the input of an RMSNorm with weights ``lw_ptr`` whose
-    rstd comes from the ``nprog`` partials in ``ss``, applied as X streams."""
+    STF stages (0: ST)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            if NRM:
-                rs = _rows_rstd(ss_ptr, nprog, MR, rm, M, KR, eps, BLOCK_P)
-            else:
-                rs = 0.0
             if FOLD > 1:  # (not QKV: one weight matrix)
                 row0 = pid * RP + s0
                 acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
                                      BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD)
             else:
-                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST,
-                                      rs, lw_ptr, NRM)
-            _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4,
-                        SS, ss_ptr + pid * MR, s0 > 0)
+                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
+            _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
 @triton.jit
@@ -417,12 +364,10 @@ def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr,
-               ST: tl.constexpr, NRM: tl.constexpr = False, ss_ptr=0, MR=0, lw_ptr=0, eps=0.0,
-               BLOCK_P: tl.constexpr = 16):
+               ST: tl.constexpr):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
     One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
-    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop. NRM (BM2 =
-    0): x is the post-attention RMSNorm's input, normalised as it streams (``_ph_linear``'s NRM)."""
+    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
         rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS, 1)
@@ -430,8 +375,6 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             rm, rm2 = _row_tiles(m0, BM, BM2)
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
             acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
-            if NRM:
-                rs = _rows_rstd(ss_ptr, nprog, MR, rm, M, Kd, eps, BLOCK_P)
             if BM2 > 0:
                 acc_g2 = tl.zeros([BNS, BM2], dtype=tl.float32)
                 acc_u2 = tl.zeros([BNS, BM2], dtype=tl.float32)
@@ -444,8 +387,6 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
-                if NRM:
-                    x = _x_norm(x, rs, lw_ptr, kk, Kd)
                 acc_g = _mma(wg, x, acc_g, IEEE)
                 acc_u = _mma(wu, x, acc_u, IEEE)
                 if BM2 > 0:
@@ -506,8 +447,7 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
 @triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
                    BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
-                   ST: tl.constexpr, NRM: tl.constexpr = False, ss_ptr=0, MR=0, lw_ptr=0, eps=0.0,
-                   BLOCK_P: tl.constexpr = 16):
+                   ST: tl.constexpr):
     """EAGLE-3's next-depth QKV, hidden half, ahead of time: its input is
     ``[norm(embed(token)) | hidden_norm(parent's hidden)]``, and the second half depends only on
     the parent row, which is one of this depth's R rows. So ``qh[p] = x[p] @ Wqkv[:, H:2H]^T``
@@ -515,16 +455,14 @@ def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh
     ranking keeps a few programs busy and the rest would wait at the barrier; the next QKV
     streams only the embedding half and adds ``qh[parent]`` (``_ph_linear`` MODE 7). Slabs of
     RP rows go to the programs after the R that merge rows (all programs, after their rows,
-    when the grid is too small for that). NRM: x is this depth's output rows, hidden_norm applied
-    as they stream (``_ph_linear``'s NRM) instead of read from NORM_F's xh."""
+    when the grid is too small for that)."""
     NT = NQ + 2 * NKVD
     S = tl.cdiv(NT, RP)
     off = tl.where(R + S <= nprog, R, 0)
     if pid >= off:
         for v in range(pid - off, S, nprog - off):  # slab v: _ph_linear's QKV mode, stored in fp32
             _ph_linear(v, nprog, x_ptr, H, R, wq_ptr + H, NQ, 2 * H, H, qh_ptr, NT, qh_ptr, NT, qh_ptr,
-                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST,
-                       NRM=NRM, ss_ptr=ss_ptr, MR=MR, lw_ptr=lw_ptr, eps=eps, BLOCK_P=BLOCK_P)
+                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST)
 
 
 @triton.jit
@@ -862,8 +800,7 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
 @triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr, NRM: tl.constexpr = False,
-               ss_ptr=0, lw_ptr=0, eps=0.0, BLOCK_P: tl.constexpr = 16):
+               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
     ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
@@ -872,8 +809,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     later sub-slab's results are merged into the program's partial (running max / rescaled sum /
     top-K), which only this program touches; ONE_SUB (the slab is one sub-slab, as at batch 1)
     compiles that merge out. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
-    accumulators, same k-chunks, so the same sums). NRM: x is the final RMSNorm's input,
-    normalised as it streams (``_ph_linear``'s NRM)."""
+    accumulators, same k-chunks, so the same sums)."""
     DT = x_ptr.dtype.element_ty
     HB: tl.constexpr = BNS // HALVES
     rbm = tl.arange(0, BM)
@@ -890,16 +826,12 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
         m2 = (s0 + rp + HB < RP) & (rr2 < V)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
-            if NRM:
-                rs = _rows_rstd(ss_ptr, nprog, MR, rm, M, Kd, eps, BLOCK_P)
             acc1 = tl.zeros([HB, BM], dtype=tl.float32)
             acc2 = tl.zeros([HB, BM], dtype=tl.float32)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
                 km = (kk[None, :] < Kd)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
-                if NRM:
-                    x = _x_norm(x, rs, lw_ptr, kk, Kd)
                 w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
                 if HALVES == 2:
@@ -1020,19 +952,6 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
 
 
 @triton.jit
-def _child_keys(c, K, fb, sel_lp_ptr, fr_score_ptr, KP, DT: tl.constexpr):
-    """Children ``c`` (valid below K*K) of the frontier rows fb..fb+K-1: child c extends row
-    c // K with that row's (c % K)-th best token. Their cumulative scores (rounded to the
-    compute dtype, as the reference adds them) and ranking keys (ties to the lower c)."""
-    valid = c < K * K
-    r = c // K
-    lp = tl.load(sel_lp_ptr + (fb + r) * KP + c % K, mask=valid, other=0.0, cache_modifier=".cg")
-    score = tl.load(fr_score_ptr + fb + r, mask=valid, other=0.0, cache_modifier=".cg")
-    cs = (score + lp).to(DT).to(tl.float32)
-    return cs, tl.where(valid, _key(cs, c), KEY_NONE)
-
-
-@triton.jit
 def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
                IS_CTX: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
@@ -1041,11 +960,7 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
     row-parent entries). Context step: the root's top-K (row b of the lm_head output) become
     candidates 0..K-1 and the depth-0 frontier, whose hidden source is row b. Depth i:
     cumulative scores of the K*K children, their candidate entries, and the top-K prune into
-    the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...): each
-    child's rank is counted in one comparison of all K*K keys with all (chunked), and the K best
-    are written to their rank's row at once - no serial rounds of a block-wide max."""
-    BKK: tl.constexpr = BLOCK_K * BLOCK_K
-    SCH: tl.constexpr = 16 if BKK > 16 else BKK
+    the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...)."""
     rr = tl.arange(0, BLOCK_K)
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
@@ -1070,39 +985,46 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(fr_pick_ptr + fb + rr, rr.to(tl.int64), mask=rmask)
             tl.store(anc_ptr + (fb + rr) * BLOCK_A, b * SK + rr, mask=rmask)
         else:
-            # child c = (frontier row c // K, that row's (c % K)-th best token); its rank among
-            # the sequence's K*K children: how many keys are larger (keys are distinct - they hold
-            # the index - so ranks are 0..K*K-1); the K best become the next frontier, in rank order
-            c = tl.arange(0, BKK)
-            valid = c < K * K
-            r = c // K
-            cs, keys = _child_keys(c, K, fb, sel_lp_ptr, fr_score_ptr, KP, DT)
-            tokd = tl.load(sel_tok_ptr + (fb + r) * KP + c % K, mask=valid, other=0, cache_modifier=".cg")
+            jj = tl.arange(0, BLOCK_K)
+            valid = rmask[:, None] & (jj < K)[None, :]
+            lp = tl.load(sel_lp_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0.0, cache_modifier=".cg")
+            tokd = tl.load(sel_tok_ptr + (fb + rr)[:, None] * KP + jj[None, :], mask=valid, other=0, cache_modifier=".cg")
             tokd = tl.minimum(tl.maximum(tokd, 0), V - 1)
             tok = tokd
             if HAS_D2T:
                 tok = tokd + tl.load(d2t_ptr + tokd, mask=valid, other=0)
-            base = K + i * K * K
-            tl.store(cand_s + base + c, cs, mask=valid)
-            tl.store(cand_t + base + c, tok, mask=valid)
+            score = tl.load(fr_score_ptr + fb + rr, mask=rmask, other=0.0, cache_modifier=".cg")
             pick_old = tl.load(fr_pick_ptr + fb + rr, mask=rmask, other=0, cache_modifier=".cg")
+            cs = (score[:, None] + lp).to(DT).to(tl.float32)
+            flat = rr[:, None] * K + jj[None, :]
+            base = K + i * K * K
+            tl.store(cand_s + base + flat, cs, mask=valid)
+            tl.store(cand_t + base + flat, tok, mask=valid)
             offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
             tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
-            rank = tl.zeros([BKK], tl.int32)
-            for c0 in range(0, K * K, SCH):  # compared with the children in chunks of SCH
-                _, kc = _child_keys(c0 + tl.arange(0, SCH), K, fb, sel_lp_ptr, fr_score_ptr, KP, DT)
-                rank += tl.sum((kc[None, :] > keys[:, None]).to(tl.int32), axis=1)
-            sel = valid & (rank < K)
-            dst = fb + tl.minimum(rank, K - 1)  # the child's row in the next frontier
-            old = tl.load(anc_ptr + (fb + r)[:, None] * BLOCK_A + ra[None, :], mask=sel[:, None] & (ra <= i)[None, :],
+            keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+            npick = tl.zeros([BLOCK_K], tl.int32)
+            nscore = tl.zeros([BLOCK_K], tl.float32)
+            ntok = tl.zeros([BLOCK_K], tl.int64)
+            for j in range(K):
+                best = tl.max(tl.max(keys, axis=1), axis=0)
+                f = _key_idx(best).to(tl.int32)
+                hit = keys == best
+                npick = tl.where(rr == j, f, npick)
+                nscore = tl.where(rr == j, _key_val(best), nscore)
+                ntok = tl.where(rr == j, tl.sum(tl.sum(tl.where(hit, tok, 0), axis=1), axis=0), ntok)
+                keys = tl.where(hit, KEY_NONE, keys)
+            prow = npick // K
+            prow = tl.minimum(tl.maximum(prow, 0), K - 1)
+            old = tl.load(anc_ptr + (fb + prow)[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :],
                           other=0, cache_modifier=".cg")
-            tl.debug_barrier()  # every read of this frontier before the next one is written over it
-            new = tl.where((ra == i + 1)[None, :], (b * SK + (i + 1) * K + rank)[:, None], old)
-            tl.store(anc_ptr + dst[:, None] * BLOCK_A + ra[None, :], new, mask=sel[:, None] & (ra <= i + 1)[None, :])
-            tl.store(fr_score_ptr + dst, cs, mask=sel)
-            tl.store(fr_tok_ptr + dst, tok, mask=sel)
-            tl.store(fr_src_ptr + dst, fb + r, mask=sel)
-            tl.store(fr_pick_ptr + dst, c.to(tl.int64), mask=sel)
+            tl.debug_barrier()
+            new = tl.where((ra == i + 1)[None, :], (b * SK + (i + 1) * K + rr)[:, None], old)
+            tl.store(anc_ptr + (fb + rr)[:, None] * BLOCK_A + ra[None, :], new, mask=rmask[:, None] & (ra <= i + 1)[None, :])
+            tl.store(fr_score_ptr + fb + rr, nscore, mask=rmask)
+            tl.store(fr_tok_ptr + fb + rr, ntok, mask=rmask)
+            tl.store(fr_src_ptr + fb + rr, fb + prow, mask=rmask)
+            tl.store(fr_pick_ptr + fb + rr, npick.to(tl.int64), mask=rmask)
         tl.debug_barrier()
 
 
@@ -1260,7 +1182,7 @@ def drafter_kernel(
     meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
     hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr, xh_ptr, qh_ptr,
-    tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, ss_ptr, lml_ptr, part_ptr, sel_lp_ptr, sel_tok_ptr,
+    tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, lml_ptr, part_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
@@ -1283,7 +1205,6 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
-    FUSE_NORM: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1303,11 +1224,7 @@ def drafter_kernel(
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
     many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
-    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN).
-    FUSE_NORM (narrow launches; the schedule then has no NORM_POST / NORM_F): o_proj and down
-    leave per-program partial sums of squares of h1 / hout in ``ss``, and the phases that read
-    the norms' outputs - gate/up (post-attention norm), lm_head (final norm) and QH's hidden half
-    (hidden_norm) - take rstd from them and normalise h1 / hout as they stream."""
+    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1405,25 +1322,17 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD,
-                           SS=FUSE_NORM, ss_ptr=ss_ptr, MR=MR)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
                                  RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD,
-                           SS=FUSE_NORM, ss_ptr=ss_ptr, MR=MR)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
-            if FUSE_NORM:
-                _ph_gateup(pid, nprog, h1_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE,
-                           BM2=BM2, ST=ST_GU, NRM=True, ss_ptr=ss_ptr, MR=MR, lw_ptr=ln_post_ptr, eps=eps,
-                           BLOCK_P=BLOCK_P)
-            else:
-                _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE,
-                           BM2=BM2, ST=ST_GU)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             split = False
             if SPLITK:
@@ -1433,8 +1342,7 @@ def drafter_kernel(
                                  RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D, STF=ST_FOLD,
-                           SS=FUSE_NORM, ss_ptr=ss_ptr, MR=MR)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D, STF=ST_FOLD)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)
@@ -1455,10 +1363,6 @@ def drafter_kernel(
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                                 BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2=BM2, ST=ST_LM)
-            elif EAGLE3 and FUSE_NORM:  # the final norm applied as hout streams
-                _ph_lmhead(pid, nprog, hout_ptr, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, NRM=True,
-                           ss_ptr=ss_ptr, lw_ptr=ln_f_ptr, eps=eps, BLOCK_P=BLOCK_P)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM)
@@ -1466,13 +1370,8 @@ def drafter_kernel(
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
             if QH and ahead:
-                if FUSE_NORM:  # hidden_norm applied as hout streams
-                    _ph_qkv_hidden(pid, nprog, m_out, hout_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
-                                   BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN, NRM=True, ss_ptr=ss_ptr, MR=MR,
-                                   lw_ptr=ln_hid_ptr, eps=eps, BLOCK_P=BLOCK_P)
-                else:
-                    _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
-                                   BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
+                _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
+                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
         elif ph == 14:  # PH_SELECT
             if is_ctx:
                 _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,

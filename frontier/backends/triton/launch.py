@@ -49,13 +49,10 @@ def num_sms(device: torch.device) -> int:
     return _GRID_CACHE[idx]
 
 
-def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False,
-                   fuse_norms: bool = False) -> list[int]:
+def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False) -> list[int]:
     """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step). ``split_k`` (wide
     launches) adds the reductions of the tree depths' split-K QKV, o_proj and down;
-    ``fused_attention`` (batched launches) runs attention as one phase instead of three;
-    ``fuse_norms`` (narrow launches, ``Tuning.fuse_norms``) drops NORM_POST and NORM_F, whose
-    RMSNorms the phases reading them apply as they stream (the kernel's FUSE_NORM)."""
+    ``fused_attention`` (batched launches) runs attention as one phase instead of three."""
     if architecture == "eagle3":
         ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
         tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
@@ -67,8 +64,6 @@ def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_a
     if fused_attention:
         at = tail.index(K_.PH_ATTN)
         tail = tail[:at] + [K_.PH_ATTN_F] + tail[at + 3:]
-    if fuse_norms:
-        tail = [p for p in tail if p not in (K_.PH_NORM_POST, K_.PH_NORM_F)]
     tree_tail = list(tail)
     if split_k:
         for ph, red in ((K_.PH_QKV, K_.PH_RED_QKV), (K_.PH_OPROJ, K_.PH_RED_O), (K_.PH_DOWN, K_.PH_RED_D)):
@@ -160,9 +155,6 @@ class Tuning:
     # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
     # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
     fold_stages: Optional[int] = 4
-    # narrow launches fuse the post-attention and final RMSNorms into the phases that read them
-    # (no NORM_POST / NORM_F phases and barriers; the kernel's FUSE_NORM)
-    fuse_norms: bool = True
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -283,7 +275,6 @@ class Workspace:
         self.lmk = e(grid, self.mr, kp, dt=torch.int64)
         self.lmmax = e(grid, self.mr, dt=torch.float32)
         self.lmsum = e(grid, self.mr, dt=torch.float32)
-        self.ss = e(grid, self.mr, dt=torch.float32)  # fused norms: per-program partial sums of squares
         self.lml: Optional[torch.Tensor] = None  # lm_head logits scratch [mr, V] of wide launches (lazy)
         self.part: Optional[torch.Tensor] = None  # split-K partials [S, mr, N] fp32 of wide launches (lazy)
         self.meta: Optional[torch.Tensor] = None  # the per-call metadata (device copy, reused)
@@ -336,9 +327,8 @@ class Drafter:
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
         self.schedules = {
-            (split, fused): torch.tensor(build_schedule(cfg.architecture, cfg.depth, split, fused,
-                                                        self.tuning.fuse_norms and not split),
-                                         dtype=torch.int32, device=device)
+            (split, fused): torch.tensor(build_schedule(cfg.architecture, cfg.depth, split, fused), dtype=torch.int32,
+                                         device=device)
             for split in (False, True) for fused in (False, True)
         }
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
@@ -533,7 +523,6 @@ class Drafter:
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
-            FUSE_NORM=bool(tn.fuse_norms and not wide),
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -600,7 +589,7 @@ class Drafter:
             weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
             ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, None, None,
-            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.ss, ws.lml if p.wide else dummy,
+            ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if p.wide else dummy,
             None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
             ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, *self.outputs,
