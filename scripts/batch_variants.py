@@ -80,8 +80,6 @@ TUNINGS = {
     "fold2": dict(lin_fold=2),
     "fst3": dict(fold_stages=3),
     "lin4": dict(lin_stages=4),
-    "rwhole": dict(rope_heads=None),
-    "r16": dict(rope_heads=16),
     # two programs per SM (H100 / H200: 132 SMs), each with 4 warps and half the shared memory
     "w4": dict(num_warps=4),
     "g2w4": dict(grid=264, num_warps=4, smem_bytes=112640),

@@ -476,32 +476,6 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
 
 
-def test_tree_rope_in_head_groups_drafts_what_whole_rows_draft():
-    """``Tuning.rope_heads``: the tree depths' RoPE items are (row, group of q/k heads), the groups
-    halved while rows x groups fit the grid. 6 rows of 6 + 3 heads: 8-head groups on 12 programs,
-    2-head groups on 40 (the last group partly past the heads); RoPE sums nothing, so the trees,
-    scores, rotated queries and the tree's keys and values equal one item per row bit for bit."""
-    from frontier.backends.triton.launch import Tuning
-
-    cfg = random_config(total_token=12, depth=3, top_k=3, vocab_size=64, target_vocab_size=100, hidden_size=48,
-                        num_attention_heads=6, num_key_value_heads=3, intermediate_size=40)
-    w = random_weights(cfg, seed=73, lm_head_scale=6.0, device=DEVICE)
-    seqs, _ = _ragged(cfg, 74, batch=2, lo=3, hi=9)
-    for grid, rt in ((12, 8), (40, 2)):
-        d0, whole = _draft_tuned(cfg, w, seqs, Tuning(grid=grid, rope_heads=None))
-        d1, grouped = _draft_tuned(cfg, w, seqs, Tuning(grid=grid, rope_heads=2))
-        assert d0.plan(2).const["BLOCK_RT"] == d0.plan(2).const["BLOCK_R"] == 16
-        assert d1.plan(2).const["BLOCK_RT"] == rt
-        for x, y in zip(whole[:3], grouped[:3]):
-            assert torch.equal(x, y)
-        rows, slots = 2 * cfg.top_k, cfg.depth * cfg.top_k  # the last depth's queries; every depth's tree keys
-        assert torch.equal(d0.ws.qr[:rows], d1.ws.qr[:rows])
-        for b in range(2):
-            for buf in ("tk", "tv"):
-                sl = slice(b * d0.ws.sk, b * d0.ws.sk + slots)
-                assert torch.equal(getattr(d0.ws, buf)[:, sl], getattr(d1.ws, buf)[:, sl])
-
-
 def _fold_config():
     """A tiny eagle3 head whose fc / o_proj / down all fold (k-chunks of 64-256 columns)."""
     return random_config(architecture="eagle3", total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64,

@@ -467,12 +467,11 @@ def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh
 
 @triton.jit
 def _rotary_heads(row_ptr, pos, cos_ptr, sin_ptr, NR, HD, DT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_D: tl.constexpr, h0=0):
-    """Head rows h0..h0+BLOCK_R-1 (those below NR) of the [NR, HD] at ``row_ptr`` (one token's q
-    and k heads, contiguous) rotated to position ``pos``, rounded like the reference:
-    ``round(round(x*cos) + round(rotate_half(x)*sin))``."""
+                  BLOCK_D: tl.constexpr):
+    """The NR head rows [NR, HD] at ``row_ptr`` (one token's q and k heads, contiguous) rotated
+    to position ``pos``, rounded like the reference: ``round(round(x*cos) + round(rotate_half(x)*sin))``."""
     half = HD // 2
-    rh = h0 + tl.arange(0, BLOCK_R)[:, None]
+    rh = tl.arange(0, BLOCK_R)[:, None]
     rd = tl.arange(0, BLOCK_D)[None, :]
     m = (rh < NR) & (rd < HD)
     rot = tl.where(rd < half, rd + half, rd - half)
@@ -519,23 +518,19 @@ def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr
 @triton.jit
 def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, t_head_stride, SK,
                   cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Depth i, the M = B*K frontier rows, one item per (row, group of BLOCK_R of its q and k
-    heads; the launcher makes the groups small while the items still fit the grid, so an item's
-    code and latency are short): row r = b*K + j sits at position L_b + i; q goes to qr[r], k
-    (rotated) and v to tree slot b*SK + i*K + j of the tree scratch."""
+    """Depth i, the M = B*K frontier rows, one row (all heads) per item: row r = b*K + j sits at
+    position L_b + i; q goes to qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree
+    scratch."""
     DT = qr_ptr.dtype.element_ty
+    rh = tl.arange(0, BLOCK_R)[:, None]
     rd = tl.arange(0, BLOCK_D)[None, :]
     width = (NH + 2 * NKV) * HD
-    ng = tl.cdiv(NH + NKV, BLOCK_R)
-    for t in range(pid, M * ng, nprog):
-        r = t // ng
-        h0 = (t - r * ng) * BLOCK_R
-        rh = h0 + tl.arange(0, BLOCK_R)[:, None]
+    for r in range(pid, M, nprog):
         b = r // K
         mb = meta_ptr + b * META_W
         pos = tl.load(mb + META_C) + tl.load(mb + META_N) + i
         row = qkv_ptr + r * width
-        y = _rotary_heads(row, pos, cos_ptr, sin_ptr, NH + NKV, HD, DT, BLOCK_R, BLOCK_D, h0)
+        y = _rotary_heads(row, pos, cos_ptr, sin_ptr, NH + NKV, HD, DT, BLOCK_R, BLOCK_D)
         tl.store(qr_ptr + r * NH * HD + rh * HD + rd, y, mask=(rh < NH) & (rd < HD))
         slot = b * SK + i * K + (r - b * K)
         kmask = (rh >= NH) & (rh < NH + NKV) & (rd < HD)
@@ -1210,7 +1205,6 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
-    BLOCK_RT: tl.constexpr = 0,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1230,9 +1224,7 @@ def drafter_kernel(
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
     many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
-    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN).
-    BLOCK_RT: the tree depths' RoPE items' heads (q and k, of one row): BLOCK_R, or fewer where the
-    rows x head groups still fit the grid."""
+    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1308,7 +1300,7 @@ def drafter_kernel(
                              cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC_KV)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
-                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_RT, BLOCK_D)
+                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D)
         elif (ph == 6) | (ph == 16):  # PH_ATTN / PH_ATTN2
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)

@@ -155,9 +155,6 @@ class Tuning:
     # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
     # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
     fold_stages: Optional[int] = 4
-    # the tree depths' RoPE takes items of (row, group of heads), halving the groups down to
-    # this many heads while rows x groups still fit the grid (None: one item per row, all heads)
-    rope_heads: Optional[int] = 8
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -519,10 +516,6 @@ class Drafter:
         qh = self.qkv_ahead(nb, slab_qh)
         folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
         st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
-        n_heads = cfg.num_attention_heads + nkv_heads
-        block_r = block_rt = _pow2(n_heads)
-        while tn.rope_heads and block_rt > tn.rope_heads and nb * cfg.top_k * -(-n_heads // (block_rt // 2)) <= g:
-            block_rt //= 2
         if any(f > 1 and st_fold * (bns + bmp) * bk * el > tn.smem_bytes for f, bns, bk in folds):
             st_fold = st_lin
         # the workspace's block sizes depend on the config alone (not on its capacity)
@@ -536,7 +529,7 @@ class Drafter:
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
-            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=bs["block_d"], BLOCK_R=block_r, BLOCK_RT=block_rt,
+            BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=bs["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
             BLOCK_Q=bs["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
             BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16,
             BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=bs["block_a"], BLOCK_K=_pow2(cfg.top_k),
