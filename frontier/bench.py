@@ -409,17 +409,30 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     return phase_totals(d.schedule.tolist(), runs)
 
 
+@functools.lru_cache(maxsize=1)
+def _phase_names() -> dict[int, str]:
+    from .backends.triton import kernels as K_
+
+    return {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
+
+
+def entry_name(code: int) -> str:
+    """The phase name of a triton schedule entry (``phase * 256 + depth``) as the breakdowns print
+    it: the lower-case ``kernels.PH_*`` name, ``"ctx <phase>"`` in the context step, the bare
+    code for a phase that has no name."""
+    from .backends.triton import kernels as K_
+
+    ph, i = divmod(code, 256)
+    return ("ctx " if i == K_.CTX_DEPTH else "") + _phase_names().get(ph, str(ph))
+
+
 def phase_totals(schedule: list[int], runs: list[list[float]]) -> dict[str, float]:
     """ms per phase of a TIMING run: the median over ``runs`` of each schedule entry's µs (as
     ``Drafter.step_times_us`` returns them), summed over depths per phase name; context-step
     phases are listed separately as ``"ctx <phase>"``."""
-    from .backends.triton import kernels as K_
-
-    names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
     per: dict[str, float] = {}
     for code, us in zip(schedule, (statistics.median(x) for x in zip(*runs))):
-        ph, i = divmod(code, 256)
-        key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
+        key = entry_name(code)
         per[key] = per.get(key, 0.0) + us / 1e3
     return per
 

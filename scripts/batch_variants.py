@@ -12,7 +12,7 @@ import time
 import torch
 
 from frontier.backends.triton.launch import Drafter, Tuning
-from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, floor_bytes, phase_totals, time_calls
+from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, entry_name, floor_bytes, phase_totals, time_calls
 
 TUNINGS = {
     "base": {},
@@ -79,7 +79,6 @@ TUNINGS = {
     "nofold": dict(lin_fold=1),
     "fold2": dict(lin_fold=2),
     "fst3": dict(fold_stages=3),
-    "lin4": dict(lin_stages=4),
     # two programs per SM (H100 / H200: 132 SMs), each with 4 warps and half the shared memory
     "w4": dict(num_warps=4),
     "g2w4": dict(grid=264, num_warps=4, smem_bytes=112640),
@@ -93,9 +92,6 @@ def program_skew(schedule, start, arrive, leave):
     leaving the previous barrier: median and max over programs), how late the last arrival is
     after the median one, and how long the barrier takes to release (median leave minus last
     arrival); µs."""
-    from frontier.backends.triton import kernels as K_
-
-    names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
     prev = start.unsqueeze(0)
     leave_prev = torch.cat([prev, leave[:-1]], 0).double()
     arrive, leave = arrive.double(), leave.double()
@@ -103,8 +99,7 @@ def program_skew(schedule, start, arrive, leave):
     rows = {}
     last_pid = {}
     for s, code in enumerate(schedule):
-        ph, i = divmod(code, 256)
-        key = ("ctx " if i == K_.CTX_DEPTH else "") + names.get(ph, str(ph))
+        key = entry_name(code)
         r = rows.setdefault(key, [0.0] * 6)
         r[0] += (leave[s].max() - leave_prev[s].max()).item() / 1e3
         r[1] += work[s].median().item()

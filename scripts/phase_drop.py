@@ -18,7 +18,7 @@ import torch
 
 from frontier.backends.triton import kernels as K_
 from frontier.backends.triton.launch import Drafter, Tuning
-from frontier.bench import BatchCallSetup, BenchCase, phase_totals, time_calls
+from frontier.bench import BatchCallSetup, BenchCase, entry_name, phase_totals, time_calls
 
 NOOP = 30  # a phase code no branch of the kernel takes
 
@@ -104,11 +104,10 @@ for spec in specs:
     if spec.startswith("*"):  # each doubled phase: its first (cold) and second (warm) run, us per tree depth
         sched = d.schedule.tolist()
         med = [sorted(r[s] for r in runs)[len(runs) // 2] for s in range(len(sched))]
-        names = {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
         acc = {}
         for s in range(1, len(sched)):
             if sched[s] == sched[s - 1] and sched[s] % 256 != K_.CTX_DEPTH:
-                a_ = acc.setdefault(names[sched[s] // 256], [0.0, 0.0])
+                a_ = acc.setdefault(entry_name(sched[s]), [0.0, 0.0])
                 a_[0] += med[s - 1] / a.depth
                 a_[1] += med[s] / a.depth
         print("    cold / warm run, us per tree depth (barrier included): " + ", ".join(
