@@ -212,27 +212,20 @@ def test_gpu_barrier_variants_hold_every_program_and_draft_alike(barrier):
     (``timing=2``): no program leaves a barrier before the last one has reached it, and each
     program's stamps run in order; the persistent launch drafts the tree of the same schedule
     run as separate launches (no barrier at all) on fresh caches."""
-    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
-    from frontier.cache import DraftCache
+    from frontier.backends.triton.launch import Tuning
 
     cfg = random_config(total_token=18, depth=3, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=71, lm_head_scale=6.0, device="cuda")
     seqs, _ = _ragged(cfg, 72, batch=3, lo=3, hi=9)
     tn = Tuning(barrier=barrier)
     ref = _draft_tuned(cfg, w, seqs, tn)[1]
-    d = Drafter(cfg, torch.float32, torch.device("cuda"), tn)
-    calls = []
-    for ids, feats in seqs:
-        cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device="cuda")
-        calls.append(SeqCall(feats[0].cuda(), ids[0, 1:].cuda(), ids[0, -1:].cuda(), cache, 0, feats.shape[1]))
-    d.alloc_outputs(len(calls))
-    d.run_batch(w, calls, "persistent", timing=2)
+    d, got = _draft_tuned(cfg, w, seqs, tn, mode="persistent", timing=2)
     d.check_error()
     start, arrive, leave = d.program_stamps()
     assert arrive.shape == leave.shape == (d.n_steps, d.grid) and start.shape == (d.grid,)
     assert bool((leave.min(dim=1).values >= arrive.max(dim=1).values).all())  # nobody left early
     assert bool((arrive[0] >= start).all() and (leave >= arrive).all() and (arrive[1:] >= leave[:-1]).all())
-    _assert_same_launch(ref, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
+    _assert_same_launch(ref, got)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -355,10 +348,10 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
-def _draft_tuned(cfg, w, seqs, tn, mode="steps"):
-    """One launch (``mode``: "steps", or "persistent" on a GPU) of the ragged batch ``seqs``
-    (fresh caches) with tuning ``tn``: the drafter and (tokens, parents, scores, the SeqCalls
-    with their caches)."""
+def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
+    """One launch (``mode``: "steps", or "persistent" on a GPU, with ``timing`` stamps) of the
+    ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the drafter and (tokens, parents,
+    scores, the SeqCalls with their caches)."""
     from frontier.backends.triton.launch import Drafter, SeqCall
     from frontier.cache import DraftCache
 
@@ -369,7 +362,7 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps"):
         calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
                              feats.shape[1]))
     d.alloc_outputs(len(calls))
-    d.run_batch(w, calls, mode)
+    d.run_batch(w, calls, mode, timing=timing)
     return d, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls)
 
 
@@ -440,6 +433,13 @@ def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
     _assert_same_launch(_draft_tuned(cfg, w, seqs, Tuning())[1], _draft_tuned(cfg, w, seqs, deep)[1])
 
 
+def _fold_config(arch="eagle3"):
+    """A tiny head whose fc / o_proj / down all fold (k-chunks of 64-256 columns)."""
+    over = dict(target_vocab_size=130) if arch == "eagle3" else {}
+    return random_config(architecture=arch, total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64,
+                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, **over)
+
+
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
 def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     """``Tuning.lin_fold`` folds each k-chunk of the unsplit fc / o_proj / down streams F ways
@@ -450,14 +450,12 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     keeps 16 columns and the folded accumulator stays small."""
     from frontier.backends.triton.launch import Drafter, Tuning
 
-    over = dict(total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64, intermediate_size=128,
-                num_attention_heads=4, num_key_value_heads=2)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 130
-    cfg = random_config(architecture=arch, **over)
+    cfg = _fold_config(arch)
     w = random_weights(cfg, seed=53, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, 54, batch=2, lo=3, hi=9)
-    plans = {f: Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=f)).plan(2).const for f in (1, 2, 4)}
+    # the plan checks pin the interpreter's grid of 2 (slab heights, and so the folds, follow the grid)
+    plans = {f: Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=f, grid=2)).plan(2).const
+             for f in (1, 2, 4)}
     assert all(plans[1][k] == 1 for k in ("FOLD_FC", "FOLD_O", "FOLD_D"))
     for f in (2, 4):
         c = plans[f]
@@ -466,7 +464,7 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
         assert c["FOLD_D"] == f and c["FOLD_O"] == f  # this config folds the tree depths' o_proj and down
     # a fold that does not fit steps down to the largest power of two that does: down's 128-column
     # chunks keep 16 columns up to a fold of 8, whose accumulator (8^2 x 32 x 16) is too big
-    big = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=64)).plan(2).const
+    big = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=64, grid=2)).plan(2).const
     assert (big["BK_D"], big["BNS_D"], big["BMP"], big["FOLD_D"]) == (128, 32, 16, 4)
     base = _draft_tuned(cfg, w, seqs, Tuning(lin_fold=1))[1]
     for f in (2, 4):  # (scores near 2 differ by up to 1.3e-5 in the eagle2 head)
@@ -474,12 +472,6 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     # a wide launch (many rows) keeps the unfolded streams
     assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16)).plan(2).const["FOLD_D"] == 1
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
-
-
-def _fold_config():
-    """A tiny eagle3 head whose fc / o_proj / down all fold (k-chunks of 64-256 columns)."""
-    return random_config(architecture="eagle3", total_token=16, depth=2, top_k=4, vocab_size=72, hidden_size=64,
-                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, target_vocab_size=130)
 
 
 def test_folded_streams_pipeline_depth_follows_the_activation_tile():
@@ -492,7 +484,7 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
     cfg = _fold_config()
     seen = set()
     for smem in (225280, 120000, 90000):
-        tn = Tuning(smem_bytes=smem)
+        tn = Tuning(smem_bytes=smem, grid=2)  # the interpreter's grid (slab heights follow the grid)
         d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
         narrow = d.plan(2).const
         assert narrow["BMP"] == 16 and narrow["FOLD_D"] == 4 and narrow["ST_FOLD"] == narrow["ST_LIN"] == 3
@@ -502,7 +494,7 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
         assert c["ST_FOLD"] == (4 if fits else 3)
         seen.add(c["ST_FOLD"])
     assert seen == {3, 4}  # 90 KB cannot hold four 64-column stages of 32 + 64 fp32 rows
-    assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None)).plan(9).const["ST_FOLD"] == 3
+    assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None, grid=2)).plan(9).const["ST_FOLD"] == 3
 
 
 @pytest.mark.gpu
@@ -521,6 +513,10 @@ def test_gpu_deeper_folded_pipeline_drafts_alike(seed):
     d4, b = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=4), mode="persistent")
     assert (d3.plan(9).const["ST_FOLD"], d4.plan(9).const["ST_FOLD"]) == (3, 4)
     _assert_same_launch(a, b)
+    assert torch.equal(a[2], b[2])  # the same sums: bit for bit
+    for x, y in zip(a[3], b[3]):
+        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
+        assert torch.equal(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n])
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=2)
 
 
