@@ -16,6 +16,9 @@ from frontier.bench import BatchCallSetup, BenchCase, copy_bandwidth, entry_name
 
 TUNINGS = {
     "base": {},
+    "nokey32": dict(lm_key32=False),
+    "nokey32r16": dict(lm_key32=False, lm_stat_rows=16),
+    "r64": dict(lm_stat_rows=64),
     "bm32": dict(bm_max=32),
     "bm128": dict(bm_max=128),
     "a8k": dict(acc_elems=8192),

@@ -355,11 +355,11 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
     from frontier.backends.triton.launch import Drafter, SeqCall
     from frontier.cache import DraftCache
 
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    d = Drafter(cfg, w.dtype, torch.device(DEVICE), tn)
     calls = []
     for ids, feats in seqs:
         cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
-        calls.append(SeqCall(feats[0].to(DEVICE), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
+        calls.append(SeqCall(feats[0].to(DEVICE, w.dtype), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE), cache, 0,
                              feats.shape[1]))
     d.alloc_outputs(len(calls))
     d.run_batch(w, calls, mode, timing=timing)
@@ -776,8 +776,14 @@ try:  # the division helper alone, in a one-phase kernel
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         d = tl.load(d_ptr + offs, mask=m, other=1.0)
         tl.store(y_ptr + offs, K_._div_rn_by(x, d, K_._recip_rn(d)), mask=m)
+
+    @triton.jit
+    def _lm_stats_probe(logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, K, KP: tl.constexpr, BMK: tl.constexpr,
+                        BNP: tl.constexpr, KEY16: tl.constexpr):
+        K_._lm_slab_stats(tl.program_id(0), logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, M, K, KP, BMK, BNP,
+                          logit_ptr.dtype.element_ty, KEY16)
 except ImportError:  # the module's skip marker covers a missing triton
-    _div_probe = None
+    _div_probe = _lm_stats_probe = None
 
 
 def _div_on_device(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -837,3 +843,69 @@ def test_launches_pin_fp_fusion(monkeypatch):
     ids, feats = random_inputs(cfg, context=4, seed=2)
     frontier_generate(cfg, feats.to(DEVICE), "triton", input_ids=ids.to(DEVICE), weights=w)
     assert seen and all(v is True for v in seen), seen
+
+
+@pytest.mark.parametrize("seed,rows,vocab,bmk", [(3, 20, 300, 16), (8, 37, 251, 32), (13, 5, 64, 32)])
+def test_lm_statistics_with_32_bit_keys_match_64_bit_keys_and_topk(seed, rows, vocab, bmk):
+    """The wide lm_head's per-program statistics (``kernels._lm_slab_stats``) rank 16-bit logits
+    by 32-bit keys (``Tuning.lm_key32``): every program's top-K keys, max and sum of exp must be
+    bit for bit those of the 64-bit keys - with ties (runs of equal logits, which go to the lower
+    index), -0 next to +0, -inf, row tiles past the last row and a last slab cut short - and
+    the kept logits must be torch.topk's values for each (row, slab)."""
+    grid, K, KP = 3, 10, 16
+    g = torch.Generator().manual_seed(seed)
+    lg = (torch.randn(rows, vocab, generator=g) * 4).half()
+    lg[0, :40] = 1.5  # a tie wider than K
+    lg[1, 3], lg[1, 7] = -0.0, 0.0
+    lg[1, 20:] = -0.0
+    lg[2, ::3] = float("-inf")
+    lg[-1] = lg[-1].round()  # few distinct values: ties everywhere
+    rp = -(-vocab // grid)
+    bnp = 1 << (rp - 1).bit_length()
+    outs = []
+    for key16 in (False, True):
+        keys = torch.zeros(grid * rows * KP, dtype=torch.int64, device=DEVICE)
+        mx = torch.zeros(grid * rows, device=DEVICE)
+        sm = torch.zeros(grid * rows, device=DEVICE)
+        _lm_stats_probe[(grid,)](lg.to(DEVICE), vocab, keys, mx, sm, rp, rows, K, KP=KP, BMK=bmk, BNP=bnp,
+                                 KEY16=key16)
+        outs.append((keys.cpu(), mx.cpu(), sm.cpu()))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    keys = outs[1][0].view(grid, rows, KP)
+    assert (keys[:, :, K:] == -0x7FFFFFFFFFFFFFFF).all()  # entries from K on stay empty
+    for p in range(grid):
+        sl = lg[:, p * rp: (p + 1) * rp].float()
+        kk = keys[p, :, :K]
+        idx = 0x7FFFFFFF - (kk & 0x7FFFFFFF)
+        assert torch.equal(sl.gather(1, idx - p * rp), torch.topk(sl, K, dim=1).values)
+        # within a run of equal logits the lower indices come first (+0 ranks above -0)
+        bits = lg[:, p * rp: (p + 1) * rp].view(torch.int16).gather(1, idx - p * rp)
+        same = bits[:, 1:] == bits[:, :-1]
+        assert (idx[:, 1:][same] > idx[:, :-1][same]).all()
+        torch.testing.assert_close(outs[1][1].view(grid, rows)[p], sl.max(1).values)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
+    """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with the
+    lm_head's 32-bit ranking keys (``Tuning.lm_key32``) as with 64-bit ones: a wide launch (logits
+    scratch, statistics from there) of 5 sequences, and a narrow one of 2 whose slabs are one
+    sub-slab (the keys of the accumulator in registers)."""
+    from frontier.backends.triton.launch import Tuning
+
+    cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
+    w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
+    seqs, _ = _ragged(cfg, 44, batch=5 if wide else 2, lo=3, hi=9)
+    outs = []
+    for key32 in (False, True):
+        over = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64) if wide else {}
+        d, out = _draft_tuned(cfg, w, seqs, Tuning(lm_key32=key32, **over))
+        c = d.plan(len(seqs)).const
+        assert c["KEY16_LM"] == key32 and c["LM_WIDE"] == wide
+        assert wide or c["BNP_LM"] <= c["BNS_LM"]  # the narrow lm_head's one sub-slab
+        outs.append(out)
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
+    assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1)
+    for x, y in zip(c0, c1):
+        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])

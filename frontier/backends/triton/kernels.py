@@ -65,6 +65,7 @@ META_VOFF = tl.constexpr(4)
 META_MAXLEN = tl.constexpr(5)
 
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
+KEY32_NONE = tl.constexpr(-0x80000000)  # below every real 32-bit key (_lm_slab_stats)
 
 # Cache policy of the weight streams (read once per forward, never reused before the next one):
 # evict_first leaves L2 to what is reused - the kernel's own code, the context K/V, activations.
@@ -789,6 +790,34 @@ def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH, n_anc,
 
 
 @triton.jit
+def _key16(raw):
+    """Order-preserving signed 16-bit image of 16-bit float bits ``raw`` (int32, sign-extended):
+    the same order as ``_key``'s high half gives the value widened to fp32 (-0 below +0)."""
+    return tl.where(raw >= 0, raw, raw ^ 0x7FFF)
+
+
+@triton.jit
+def _keys16(vals, idx, valid):
+    """32-bit ranking keys of 16-bit float values ``vals`` at slab-local indices ``idx`` (< 65536;
+    ties -> lower index), KEY32_NONE where not ``valid``."""
+    return tl.where(valid, (_key16(vals.to(tl.int16, bitcast=True).to(tl.int32)) << 16) | (0xFFFF - idx), KEY32_NONE)
+
+
+@triton.jit
+def _top_rounds16(keys, top, col, K, base, DT: tl.constexpr):
+    """K rounds of row maxima over 32-bit keys [rows, n] (``_keys16``): column j of ``top``
+    [rows, KP] gets the j-th best as a ``_key`` of (value as fp32, base + slab-local index);
+    rows with fewer than j+1 valid keys get KEY_NONE."""
+    for j in range(K):
+        best = tl.max(keys, axis=1)
+        val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (best & 0xFFFF)))
+        top = tl.where(col == j, wide[:, None], top)
+        keys = tl.where(keys == best[:, None], KEY32_NONE, keys)
+    return top
+
+
+@triton.jit
 def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
     """Logits of one accumulator block [rows, BM] -> ([BM, rows] keys, row max, valid logits)."""
     logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, rows]
@@ -800,7 +829,7 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
 @triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr):
+               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr, KEY16: tl.constexpr = False):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
     ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
@@ -809,8 +838,10 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     later sub-slab's results are merged into the program's partial (running max / rescaled sum /
     top-K), which only this program touches; ONE_SUB (the slab is one sub-slab, as at batch 1)
     compiles that merge out. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
-    accumulators, same k-chunks, so the same sums)."""
+    accumulators, same k-chunks, so the same sums). KEY16 (16-bit dtypes; with ONE_SUB and one
+    half): the K rounds rank 32-bit keys (``_keys16``, as in ``_lm_slab_stats``)."""
     DT = x_ptr.dtype.element_ty
+    K16: tl.constexpr = KEY16 and ONE_SUB and HALVES == 1
     HB: tl.constexpr = BNS // HALVES
     rbm = tl.arange(0, BM)
     rp = tl.arange(0, HB)
@@ -840,7 +871,14 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 acc1 = _mma(w1, x, acc1, IEEE)
                 if HALVES == 2:
                     acc2 = _mma(w2, x, acc2, IEEE)
-            key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
+            if K16:
+                lt = tl.trans(acc1.to(DT))  # [BM, rows]
+                valid = m1[None, :] & (rm < M)[:, None]
+                logit1 = tl.where(valid, lt.to(tl.float32), float("-inf"))
+                key1 = _keys16(lt, rp[None, :], valid)
+                max1 = tl.max(logit1, axis=1)
+            else:
+                key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
             if HALVES == 2:
                 key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
                 tmax = tl.maximum(max1, max2)
@@ -864,18 +902,21 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 nsafe = tl.where(nmax == float("-inf"), 0.0, nmax)
                 nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
                     tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
-            for j in range(K):  # K rounds of the row max: the (running) top-K, ranked
-                best = tl.max(key1, axis=1)
-                if HALVES == 2:
-                    best = tl.maximum(best, tl.max(key2, axis=1))
-                if not ONE_SUB:
-                    best = tl.maximum(best, tl.max(old, axis=1))
-                top = tl.where(col == j, best[:, None], top)
-                key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
-                if HALVES == 2:
-                    key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
-                if not ONE_SUB:
-                    old = tl.where(old == best[:, None], KEY_NONE, old)
+            if K16:
+                top = _top_rounds16(key1, top, col, K, pid * RP, DT)
+            else:
+                for j in range(K):  # K rounds of the row max: the (running) top-K, ranked
+                    best = tl.max(key1, axis=1)
+                    if HALVES == 2:
+                        best = tl.maximum(best, tl.max(key2, axis=1))
+                    if not ONE_SUB:
+                        best = tl.maximum(best, tl.max(old, axis=1))
+                    top = tl.where(col == j, best[:, None], top)
+                    key1 = tl.where(key1 == best[:, None], KEY_NONE, key1)
+                    if HALVES == 2:
+                        key2 = tl.where(key2 == best[:, None], KEY_NONE, key2)
+                    if not ONE_SUB:
+                        old = tl.where(old == best[:, None], KEY_NONE, old)
             tl.debug_barrier()
             tl.store(kslot + rm[:, None] * KP + col, top, mask=rmask[:, None])
             tl.store(mslot + rm, nmax, mask=rmask)
@@ -886,7 +927,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 @triton.jit
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                    BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
+                    BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr,
+                    KEY16: tl.constexpr = False):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
@@ -904,6 +946,18 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
                 tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),
                          mask=rmask[:, None] & (rm2[None, :] < M))
     tl.debug_barrier()
+    _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K, KP, BMK, BNP, DT, KEY16)
+
+
+@triton.jit
+def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
+                   KP: tl.constexpr, BMK: tl.constexpr, BNP: tl.constexpr, DT: tl.constexpr, KEY16: tl.constexpr):
+    """The wide lm_head's statistics from its logits scratch: per activation row, the program's
+    slab max, sum of exp and top-K keys (``_key`` of (logit, vocabulary index)), in tiles of BMK
+    rows x the whole slab. KEY16 (16-bit compute dtypes): the K rounds of row maxima rank 32-bit
+    keys (the logit's 16 bits, order-preserving, above 16 bits of 0xFFFF - slab column) instead of
+    64-bit ones - the same order, since a 16-bit logit widened to fp32 orders like its own bits -
+    and only the K winners are widened to ``_key`` form."""
     rc = tl.arange(0, BNP)
     cols = pid * RP + rc
     cm = (rc < RP) & (cols < V)
@@ -911,16 +965,20 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     for m0 in range(0, M, BMK):
         rm = m0 + tl.arange(0, BMK)
         valid = (rm < M)[:, None] & cm[None, :]
-        logit = tl.load(logit_ptr + rm[:, None] * V + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
-        keys = tl.where(valid, _key(logit, cols[None, :]), KEY_NONE)
+        raw = tl.load(logit_ptr + rm[:, None] * V + cols[None, :], mask=valid, other=float("-inf"))
+        logit = raw.to(tl.float32)
         rmax = tl.max(logit, axis=1)
         safe = tl.where(rmax == float("-inf"), 0.0, rmax)
         rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
         top = tl.full([BMK, KP], KEY_NONE, tl.int64)
-        for j in range(K):  # entries from K on stay empty
-            best = tl.max(keys, axis=1)
-            top = tl.where(col == j, best[:, None], top)
-            keys = tl.where(keys == best[:, None], KEY_NONE, keys)
+        if KEY16:  # entries from K on stay empty
+            top = _top_rounds16(_keys16(raw, rc[None, :], valid), top, col, K, pid * RP, DT)
+        else:
+            keys = tl.where(valid, _key(logit, cols[None, :]), KEY_NONE)
+            for j in range(K):  # entries from K on stay empty
+                best = tl.max(keys, axis=1)
+                top = tl.where(col == j, best[:, None], top)
+                keys = tl.where(keys == best[:, None], KEY_NONE, keys)
         rows_ok = rm < MR
         tl.store(keys_ptr + pid * MR * KP + rm[:, None] * KP + col, top, mask=rows_ok[:, None])
         tl.store(max_ptr + pid * MR + rm, rmax, mask=rows_ok)
@@ -1205,6 +1263,7 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
+    BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1362,10 +1421,10 @@ def drafter_kernel(
                 x_lm = hout_ptr
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                                BM, KP, BNS_LM, BK_LM, IEEE, 16, BNP_LM, BM2=BM2, ST=ST_LM)
+                                BM, KP, BNS_LM, BK_LM, IEEE, BMK_LM, BNP_LM, BM2=BM2, ST=ST_LM, KEY16=KEY16_LM)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM)
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM)
         elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
             _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                       KP, BLOCK_P, DT)
