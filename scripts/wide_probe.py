@@ -103,6 +103,66 @@ def gu2_kernel(x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 K_._gateup_out(g2, u2, rr, rmask, rm2, M, y_ptr, N)
 
 
+@triton.jit
+def _gu_out_var(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N, EPI: tl.constexpr):
+    """Epilogue variants of ``kernels._gateup_out``, to price its parts: 0 stores the gate
+    accumulator alone, 1 is the real one, 2 divides with Triton's default (approximate)
+    division, 3 drops the intermediate roundings, 4 the real one with exp through libdevice."""
+    DT = y_ptr.dtype.element_ty
+    msk = rmask[:, None] & (rm[None, :] < M)
+    if EPI == 0:
+        out = acc_g.to(DT)
+    elif EPI == 1:
+        g = acc_g.to(DT).to(tl.float32)
+        u = acc_u.to(DT).to(tl.float32)
+        sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+        out = (sg * u).to(DT)
+    elif EPI == 2:
+        g = acc_g.to(DT).to(tl.float32)
+        u = acc_u.to(DT).to(tl.float32)
+        sg = (g / (1.0 + tl.exp(-g))).to(DT).to(tl.float32)
+        out = (sg * u).to(DT)
+    elif EPI == 3:
+        out = (tl.math.div_rn(acc_g, 1.0 + tl.exp(-acc_g)) * acc_u).to(DT)
+    else:
+        g = acc_g.to(DT).to(tl.float32)
+        u = acc_u.to(DT).to(tl.float32)
+        sg = tl.math.div_rn(g, 1.0 + tl.math.exp(-g)).to(DT).to(tl.float32)
+        out = (sg * u).to(DT)
+    tl.store(y_ptr + rm[None, :] * N + rr[:, None], out, mask=msk)
+
+
+@triton.jit
+def gu_var_kernel(x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
+                  BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr,
+                  EPI: tl.constexpr):
+    """``kernels._ph_gateup``'s loop with epilogue variant EPI (``_gu_out_var``)."""
+    pid = tl.program_id(0)
+    rk = tl.arange(0, BK)
+    for s0 in range(0, RP, BNS):
+        rr, rmask, wgrow = K_._slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS, 1)
+        for m0 in range(0, M, BM + BM2):
+            rm, rm2 = K_._row_tiles(m0, BM, BM2)
+            acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc_g2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+            acc_u2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
+                kk = k0 + rk
+                wmask = rmask[:, None] & (kk[None, :] < Kd)
+                wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy="evict_first")
+                wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0,
+                             eviction_policy="evict_first")
+                x = K_._x_chunk(x_ptr, Kd, rm, kk, M, Kd)
+                acc_g = tl.dot(wg, x, acc_g)
+                acc_u = tl.dot(wu, x, acc_u)
+                x2 = K_._x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
+                acc_g2 = tl.dot(wg, x2, acc_g2)
+                acc_u2 = tl.dot(wu, x2, acc_u2)
+            _gu_out_var(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N, EPI)
+            _gu_out_var(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N, EPI)
+
+
 def pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -160,8 +220,7 @@ def main() -> None:
         meta[name] = (2 * I * H * 2, 4 * M * I * H, "gu")
 
     bm, bm2 = (128, 32) if M == 160 else (pow2(M), 0)
-    lm(256, 64, 4, bm, bm2, True)  # the drafter's batch-16 lm_head
-    lm(256, 64, 4, bm, bm2, True, bmk=32, key16=True)
+    lm(256, 64, 4, bm, bm2, True, bmk=32, key16=True)  # the drafter's batch-16 lm_head
     lm(256, 64, 4, bm, bm2, False)
     gu(128, 64, 4, bm, bm2)  # the drafter's batch-16 gate/up
 
@@ -172,9 +231,16 @@ def main() -> None:
         calls[name] = f
         meta[name] = (2 * I * H * 2, 4 * M * I * H, "gu")
 
-    gu2(128, 64, 4, bm, bm2, 0)
-    gu2(128, 64, 4, bm, bm2, 8)
-    gu2(128, 64, 3, bm, bm2, 8)
+    def gu_var(epi, bns=128, bk=64, st=4, nw=8):
+        def f():
+            gu_var_kernel[(grid,)](x, M, wg, wu, I, H, y, rp_gu, BM=bm, BNS=bns, BK=bk, BM2=bm2, ST=st, EPI=epi,
+                                   num_warps=nw)
+        name = f"gu epilogue variant {epi} BNS {bns} BK {bk} st {st} w{nw}"
+        calls[name] = f
+        meta[name] = (2 * I * H * 2, 4 * M * I * H, "guv")
+
+    for epi in range(5):
+        gu_var(epi)
     rp_st = rp_of(2 * I)
 
     def lm_stacked():  # the GEMM alone on [Wg; Wu] as one matrix, in the lm_head's form
@@ -192,8 +258,7 @@ def main() -> None:
         calls[name] = f
         meta[name] = (V * H * 2, 2 * M * V * H, "epi")
 
-    for bmk, key16 in ((16, False), (32, True)):
-        epi(bmk, key16)
+    epi(32, True)
     calls["cublas lm_head"] = lambda: torch.matmul(x, w_lm.t(), out=logits)
     meta["cublas lm_head"] = (V * H * 2, 2 * M * V * H, "lm")
     calls["cublas gate+up"] = lambda: torch.matmul(x, w_gu.t())
