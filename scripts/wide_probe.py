@@ -5,8 +5,13 @@ batch 1 but do 160 rows of tensor-core work on them. This times, one program per
 drafter and with the drafter's own phase functions:
 - ``lm``: ``kernels._ph_lmhead_wide`` (GEMM into the logits scratch, then the per-row top-K,
   max and sum of exp of the program's slab);
-- ``lm_gemm``: its GEMM and logits store alone, for several tile shapes / pipeline depths;
+- ``lm_gemm``: its GEMM and logits store alone (the fourteenth session's first runs also tried
+  BK 32 / 128, 128-row sub-slabs and 3 stages here: 88-120 µs, all slower than the plan's);
+- ``lm epilogue``: its statistics alone (``kernels._lm_slab_stats``) on the logits of x W^T,
+  checked equal across variants and against torch.topk;
 - ``gateup``: ``kernels._ph_gateup`` (both matrices in one k-loop, silu * up epilogue);
+  ``gateup stacked``: both matrices as one stacked weight tile per k-chunk; ``gu epilogue
+  variant``: the same loop with parts of the epilogue changed, to price them;
 - ``cublas``: ``torch.matmul`` of the same shapes (what the tensor cores give a library GEMM).
 Each line: µs per call, TFLOP/s, and the ratio to the weight bytes' time at the copy bandwidth.
 
@@ -106,7 +111,8 @@ def gu2_kernel(x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
 @triton.jit
 def _gu_out_var(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N, EPI: tl.constexpr):
     """Epilogue variants of ``kernels._gateup_out``, to price its parts: 0 stores the gate
-    accumulator alone, 1 is the real one, 2 divides with Triton's default (approximate)
+    accumulator alone (the compiler then drops the up matrix's loads: not comparable), 1 is the
+    real one (div.rn before the fourteenth session, ``_silu_rn`` after), 2 divides with Triton's default (approximate)
     division, 3 drops the intermediate roundings, 4 the real one with exp through libdevice."""
     DT = y_ptr.dtype.element_ty
     msk = rmask[:, None] & (rm[None, :] < M)

@@ -933,3 +933,19 @@ def test_silu_rn_matches_div_rn(dtype):
     nan = ref.isnan()
     assert torch.equal(y.isnan(), nan)
     assert torch.equal(y[~nan].view(torch.int32), ref[~nan].view(torch.int32))
+
+
+def test_32_bit_lm_keys_only_for_16_bit_dtypes_and_slabs_they_can_index():
+    """The 32-bit keys hold a slab-local index in 16 bits: the plan turns them off for fp32 and
+    for slabs wider than 65536 rows (a 70000-token vocabulary on one program), and on otherwise."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = random_config(vocab_size=70000, target_vocab_size=70000)
+
+    def key16(dtype, grid, **over):
+        return Drafter(cfg, dtype, torch.device("cpu"), Tuning(grid=grid, **over)).plan(1).const["KEY16_LM"]
+
+    assert key16(torch.float16, 2) and key16(torch.bfloat16, 2)
+    assert not key16(torch.float16, 1)
+    assert not key16(torch.float32, 2)
+    assert not key16(torch.float16, 2, lm_key32=False)

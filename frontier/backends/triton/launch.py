@@ -155,8 +155,9 @@ class Tuning:
     # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
     # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
     fold_stages: Optional[int] = 4
-    # the wide lm_head's statistics (kernels._lm_slab_stats): activation rows per tile, and for
-    # 16-bit dtypes 32-bit ranking keys in its K rounds of row maxima instead of 64-bit ones.
+    # the wide lm_head's statistics (kernels._lm_slab_stats): activation rows per tile; and for
+    # 16-bit dtypes 32-bit ranking keys in the lm_head's K rounds of row maxima instead of 64-bit
+    # ones (wide launches, and narrow ones whose slab is one sub-slab; slabs up to 65536 rows).
     # Fourteenth session, H200, the batch-16 lm_head phase alone (scripts/wide_probe.py): 141.4 us
     # with 16 rows and 64-bit keys, 118.7 with 32 rows and 32-bit keys (the statistics 55.9 -> 33.5
     # us; 64 rows: 46.1)
@@ -530,7 +531,7 @@ class Drafter:
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
-            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2,
+            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and _pow2(rp_lm, 16) <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
