@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from frontier.backends.triton import kernels as K_
+from frontier.backends.triton.launch import Tuning, _pow2, slab
 from frontier.bench import copy_bandwidth, time_calls
 
 
@@ -169,10 +170,6 @@ def gu_var_kernel(x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             _gu_out_var(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N, EPI)
 
 
-def pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=160)
@@ -201,9 +198,8 @@ def main() -> None:
     ref_lm = (x @ w_lm.t())
     ref_g = x @ wg.t()
 
-    def rp_of(n, al=16):
-        per = -(-n // grid)
-        return -(-per // al) * al
+    def rp_of(n):  # the drafter's rows per program for an n-row weight at M activation rows
+        return slab(n, H, grid, 2, 1, Tuning(), M)[0]
 
     rp_lm, rp_gu = rp_of(V), rp_of(I)
     calls, meta = {}, {}
@@ -211,7 +207,7 @@ def main() -> None:
     def lm(bns, bk, st, bm, bm2, epi, nw=8, bmk=16, key16=False):
         def f():
             lm_kernel[(grid,)](x, M, w_lm, V, H, logits, keys, mx, sm, rp_lm, M, K, BM=bm, KP=KP, BNS=bns, BK=bk,
-                               BNP=pow2(rp_lm), BM2=bm2, ST=st, EPI=epi, BMK=bmk, KEY16=key16, num_warps=nw)
+                               BNP=_pow2(rp_lm), BM2=bm2, ST=st, EPI=epi, BMK=bmk, KEY16=key16, num_warps=nw)
         name = f"{'lm' if epi else 'lm_gemm'} BNS {bns} BK {bk} st {st} tile {bm}+{bm2} w{nw}"
         if epi:
             name += f" BMK {bmk} {32 if key16 else 64}-bit keys"
@@ -225,7 +221,7 @@ def main() -> None:
         calls[name] = f
         meta[name] = (2 * I * H * 2, 4 * M * I * H, "gu")
 
-    bm, bm2 = (128, 32) if M == 160 else (pow2(M), 0)
+    bm, bm2 = (128, 32) if M == 160 else (_pow2(M), 0)
     lm(256, 64, 4, bm, bm2, True, bmk=32, key16=True)  # the drafter's batch-16 lm_head
     lm(256, 64, 4, bm, bm2, False)
     gu(128, 64, 4, bm, bm2)  # the drafter's batch-16 gate/up
@@ -251,14 +247,14 @@ def main() -> None:
 
     def lm_stacked():  # the GEMM alone on [Wg; Wu] as one matrix, in the lm_head's form
         lm_kernel[(grid,)](x, M, w_gu, 2 * I, H, y_st, keys, mx, sm, rp_st, M, K, BM=bm, KP=KP, BNS=256, BK=64,
-                           BNP=pow2(rp_st), BM2=bm2, ST=4, EPI=False, num_warps=8)
+                           BNP=_pow2(rp_st), BM2=bm2, ST=4, EPI=False, num_warps=8)
 
     y_st = torch.empty(M, 2 * I, device=dev, dtype=torch.bfloat16)
     calls["gate+up stacked GEMM alone (lm_gemm form)"] = lm_stacked
     meta["gate+up stacked GEMM alone (lm_gemm form)"] = (2 * I * H * 2, 4 * M * I * H, "gu")
     def epi(bmk, key16, nw=8):
         def f():
-            epi_kernel[(grid,)](logits, V, keys, mx, sm, rp_lm, M, M, K, KP=KP, BMK=bmk, BNP=pow2(rp_lm), KEY16=key16,
+            epi_kernel[(grid,)](logits, V, keys, mx, sm, rp_lm, M, M, K, KP=KP, BMK=bmk, BNP=_pow2(rp_lm), KEY16=key16,
                                 num_warps=nw)
         name = f"lm epilogue BMK {bmk} {'32' if key16 else '64'}-bit keys w{nw}"
         calls[name] = f

@@ -378,6 +378,16 @@ def _assert_same_launch(a, b, score_rtol=0.0):
         torch.testing.assert_close(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n], rtol=1e-5, atol=1e-6)
 
 
+def _assert_same_bits(a, b):
+    """Two launches that sum every dot in the same order: trees, parents, scores and new cache
+    rows equal bit for bit."""
+    (t0, p0, s0, c0), (t1, p1, s1, c1) = a, b
+    assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1)
+    for x, y in zip(c0, c1):
+        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
+        assert torch.equal(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n])
+
+
 def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     """Small accumulators force every weight phase through several sub-slabs and the 20 tree
     rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs,
@@ -512,11 +522,7 @@ def test_gpu_deeper_folded_pipeline_drafts_alike(seed):
     d3, a = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=3), mode="persistent")
     d4, b = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=4), mode="persistent")
     assert (d3.plan(9).const["ST_FOLD"], d4.plan(9).const["ST_FOLD"]) == (3, 4)
-    _assert_same_launch(a, b)
-    assert torch.equal(a[2], b[2])  # the same sums: bit for bit
-    for x, y in zip(a[3], b[3]):
-        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
-        assert torch.equal(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n])
+    _assert_same_bits(a, b)  # the same sums
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=2)
 
 
@@ -913,10 +919,7 @@ def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
         assert c["KEY16_LM"] == key32 and c["LM_WIDE"] == wide
         assert wide or c["BNP_LM"] <= c["BNS_LM"]  # the narrow lm_head's one sub-slab
         outs.append(out)
-    (t0, p0, s0, c0), (t1, p1, s1, c1) = outs
-    assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1)
-    for x, y in zip(c0, c1):
-        assert torch.equal(x.cache.k[:, :, : x.n], y.cache.k[:, :, : y.n])
+    _assert_same_bits(*outs)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -844,12 +844,22 @@ def _top_rounds16(keys, top, col, K, base, DT: tl.constexpr):
 
 
 @triton.jit
-def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr):
-    """Logits of one accumulator block [rows, BM] -> ([BM, rows] keys, row max, valid logits)."""
-    logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, rows]
+def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr, KEY16: tl.constexpr = False, base=0):
+    """Logits of one accumulator block [rows, BM] -> ([BM, rows] keys, row max, valid logits).
+    The keys are ``_key``s of (logit, row rr), or with KEY16 32-bit ``_keys16`` of (logit, rr -
+    base)."""
+    if KEY16:
+        lt = tl.trans(acc.to(DT))  # [BM, rows]
+        logit = lt.to(tl.float32)
+    else:
+        logit = tl.trans(acc.to(DT).to(tl.float32))  # [BM, rows]
     valid = rmask[None, :] & (rm < M)[:, None]
     logit = tl.where(valid, logit, float("-inf"))
-    return tl.where(valid, _key(logit, rr[None, :]), KEY_NONE), tl.max(logit, axis=1), logit
+    if KEY16:
+        keys = _keys16(lt, rr[None, :] - base, valid)
+    else:
+        keys = tl.where(valid, _key(logit, rr[None, :]), KEY_NONE)
+    return keys, tl.max(logit, axis=1), logit
 
 
 @triton.jit
@@ -897,14 +907,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 acc1 = _mma(w1, x, acc1, IEEE)
                 if HALVES == 2:
                     acc2 = _mma(w2, x, acc2, IEEE)
-            if K16:
-                lt = tl.trans(acc1.to(DT))  # [BM, rows]
-                valid = m1[None, :] & (rm < M)[:, None]
-                logit1 = tl.where(valid, lt.to(tl.float32), float("-inf"))
-                key1 = _keys16(lt, rp[None, :], valid)
-                max1 = tl.max(logit1, axis=1)
-            else:
-                key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT)
+            key1, max1, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT, K16, pid * RP)
             if HALVES == 2:
                 key2, max2, logit2 = _lm_keys(acc2, rr2, m2, rm, M, DT)
                 tmax = tl.maximum(max1, max2)

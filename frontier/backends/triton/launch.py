@@ -522,6 +522,7 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
+        bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
         folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
         st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + bmp) * bk * el > tn.smem_bytes for f, bns, bk in folds):
@@ -531,12 +532,12 @@ class Drafter:
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
-            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and _pow2(rp_lm, 16) <= 65536,
+            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
-            LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=_pow2(rp_lm, 16),
+            LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=bnp_lm,
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=bs["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
             BLOCK_Q=bs["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
