@@ -358,6 +358,9 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
         row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
         if name == "triton" and graph:  # the measured alternative: step launches replayed as a CUDA graph
             row.results["triton graph"] = time_calls(lambda: setup.call(name, mode="graph"), warmup=warmup, reps=r)
+            if kernel_only:  # the replayed graph's device time alone
+                row.results["triton graph kernel"] = time_calls(lambda: triton_kernel_only(setup, "graph"), reps=r,
+                                                                device_only=True)
         if name == "triton" and kernel_only:  # one launch: with its host preparation, and the device alone
             row.results["triton launch"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r, device_only=True)

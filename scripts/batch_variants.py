@@ -79,6 +79,8 @@ TUNINGS = {
     "bar1": dict(barrier=1),
     "bar2": dict(barrier=2),
     "bar0": dict(barrier=0),
+    "nophase": dict(phase_kernels=False),
+    "nogrid": dict(step_grids=False),
     "nofold": dict(lin_fold=1),
     "fold2": dict(lin_fold=2),
     "fst3": dict(fold_stages=3),
@@ -122,6 +124,9 @@ ap.add_argument("--breakdown", type=int, default=0, help="batch size to break do
 ap.add_argument("--stamps", type=int, default=0, help="batch size whose every program's barrier stamps to analyse")
 ap.add_argument("--stamps-out", default=None, help="save the raw stamps here (torch.save)")
 ap.add_argument("--reps", type=int, default=20)
+ap.add_argument("--modes", default="persistent", help="launch modes to time, e.g. persistent,graph")
+ap.add_argument("--step-breakdown", default="",
+                help="batch sizes (comma-separated) whose graph-mode step kernels to time one by one (profiler, per phase)")
 ap.add_argument("--json", default=None)
 ap.add_argument("--identity", action="store_true",
                 help="also draft each sequence alone (same tuning) and count identical trees")
@@ -134,7 +139,7 @@ for bsz in [int(x) for x in a.batches.split(",")]:
     setup = BatchCallSetup(case, device=dev, dtype=torch.bfloat16)
     floor = 1e3 * floor_bytes(setup.cfg, setup.weights) / bw
     ref = None
-    for name in a.tunings.split(","):
+    for name, mode in [(n, m) for n in a.tunings.split(",") for m in a.modes.split(",")]:
         tn = Tuning(**TUNINGS[name])
         d = Drafter(setup.cfg, torch.bfloat16, dev, tn)
 
@@ -142,7 +147,7 @@ for bsz in [int(x) for x in a.batches.split(",")]:
 
         def go(timing=False):
             d.alloc_outputs(bsz)
-            d.run_batch(setup.weights, seqs(), "persistent", timing=timing)
+            d.run_batch(setup.weights, seqs(), "persistent" if timing else mode, timing=timing)
 
         try:
             t0 = time.time()
@@ -156,8 +161,8 @@ for bsz in [int(x) for x in a.batches.split(",")]:
             same = "ref" if ref is None else ("same" if torch.equal(ref, toks) else "DIFF")
             if ref is None:
                 ref = toks
-            res[f"b{bsz} {name}"] = ms
-            print(f"{a.preset} d{a.depth} batch {bsz:3d} {name:10s}: {ms:7.3f} ms/call  {ms / bsz:7.3f} ms/seq  "
+            res[f"b{bsz} {name} {mode}"] = ms
+            print(f"{a.preset} d{a.depth} batch {bsz:3d} {name:10s} {mode:10s}: {ms:7.3f} ms/call  {ms / bsz:7.3f} ms/seq  "
                   f"{100 * floor / ms:5.1f}% of floor {floor:.3f}  (launch with host work {launch_ms:.3f} ms; first call "
                   f"{comp:.1f}s, tokens {same})", flush=True)
             if a.identity and bsz > 1:
@@ -168,7 +173,27 @@ for bsz in [int(x) for x in a.batches.split(",")]:
                     d.run_batch(setup.weights, [sq], "persistent")
                     same_n += int(torch.equal(d.out_tok[0], btok[b]) and torch.equal(d.out_par[0], bpar[b]))
                 print(f"  batch {bsz} {name}: {same_n}/{bsz} sequences drafted identically alone (bf16)", flush=True)
-            if a.breakdown == bsz:
+            if str(bsz) in a.step_breakdown.split(",") and mode == "graph":
+                from torch.profiler import ProfilerActivity, profile
+                go()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        go()
+                    torch.cuda.synchronize()
+                ks = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "drafter_kernel" in e.name),
+                            key=lambda e: e.time_range.start)
+                sched = d.schedule_list
+                n = len(sched)
+                runs = [[k.time_range.elapsed_us() for k in ks[r * n:(r + 1) * n]] for r in range(len(ks) // n)]
+                gaps = [sum(b.time_range.start - a.time_range.end for a, b in zip(ks[r * n:(r + 1) * n - 1],
+                                                                                    ks[r * n + 1:(r + 1) * n])) / 1e3
+                        for r in range(len(ks) // n)]
+                per = phase_totals(sched, runs)
+                print(f"  step kernels batch {bsz} {name} ({len(ks)} kernels, {len(runs)} runs): kernels "
+                      f"{sum(per.values()):.3f} ms + gaps {sorted(gaps)[len(gaps) // 2]:.3f} ms: " + ", ".join(
+                          f"{k} {v:.3f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.01), flush=True)
+            if a.breakdown == bsz and mode == "persistent":
                 runs = []
                 for _ in range(5):
                     go(timing=True)

@@ -29,6 +29,7 @@ ap.add_argument("--tuning", nargs="*", default=[], help="Tuning field=value over
 ap.add_argument("--const", nargs="*", default=[], help="kernel constexpr=int overrides (e.g. TIMING=2)")
 ap.add_argument("--ptx", default=None, help="also write the PTX here (e.g. to count vector loads)")
 ap.add_argument("--cubin", default=None, help="also write the cubin here (cuobjdump -sass reads it)")
+ap.add_argument("--ttgir", default=None, help="also write the TritonGPU IR here (layouts, conversions)")
 a = ap.parse_args()
 
 over = {}
@@ -110,6 +111,8 @@ with tempfile.TemporaryDirectory() as tmp:
         open(a.ptx, "w").write(k.asm["ptx"])
     if a.cubin:
         open(a.cubin, "wb").write(k.asm["cubin"])
+    if a.ttgir:
+        open(a.ttgir, "w").write(k.asm["ttgir"])
     pt = get_ptxas(a.arch)
     exe = pt.path if hasattr(pt, "path") else pt[0]
     out = subprocess.run([exe, "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(tmp, "k.cubin")],

@@ -364,7 +364,8 @@ def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
 
 def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch):
     """kernel_only adds 'triton launch' (one launch, the GPU idle while the host prepares it) and
-    'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True))."""
+    'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True)),
+    and with graph=True 'triton graph kernel' (the replayed graph's device work alone)."""
     import frontier.bench as bench
 
     case = tiny_case(batch=1, context=8, new_rows=2)
@@ -383,12 +384,19 @@ def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch
 
     monkeypatch.setattr(bench, "CallSetup", FakeSetup)
     monkeypatch.setattr(bench, "time_calls", fake_time_calls)
-    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup: "launch")
+    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="persistent": f"launch {mode}")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12)
-    assert timed == [("triton", False), ("launch", False), ("launch", True)]
+    assert timed == [("triton", False), ("launch persistent", False), ("launch persistent", True)]
     assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0}
+    # with graph=True also the replayed graph's device time alone ('triton graph kernel')
+    timed.clear()
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12, graph=True)
+    assert timed == [("triton", False), ("triton", False), ("launch graph", True), ("launch persistent", False),
+                     ("launch persistent", True)]
+    assert row.results == {"triton": 3.0, "triton graph": 3.0, "triton graph kernel": 2.0, "triton launch": 3.0,
+                           "triton kernel": 2.0}
 
 
 def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():

@@ -1292,7 +1292,7 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
-    BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False,
+    BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, PHASE: tl.constexpr = -1,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1312,7 +1312,10 @@ def drafter_kernel(
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
     many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
-    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN)."""
+    batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN).
+    PHASE >= 0 (step launches, one schedule entry each): the kernel is built for that phase
+    alone - the phase switch below is decided at compile time, so the build holds one phase's
+    code and gets that phase's own register allocation."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1330,7 +1333,10 @@ def drafter_kernel(
             tl.store(ps_ptr + pid, _globaltimer(pid))
     for step in range(n_steps):
         code = tl.load(sched_ptr + step)
-        ph = code // 256
+        if PHASE >= 0:
+            ph = PHASE
+        else:
+            ph = code // 256
         i = code % 256
         is_ctx = i == 255
         # QH: this step's rows are parents of a next depth's rows (every step but the last depth)

@@ -163,6 +163,13 @@ class Tuning:
     # us; 64 rows: 46.1)
     lm_stat_rows: int = 32
     lm_key32: bool = True
+    # step launches (mode="steps", and the CUDA graph of mode="graph"): each launch is the kernel
+    # built for its schedule entry's phase alone (kernel constexpr PHASE), instead of the whole
+    # phase switch with its shared register allocation
+    phase_kernels: bool = True
+    # step launches: the phases that loop over a few items (sequences, rows, attention parts)
+    # launch no more programs than they have items (the weight streams and MERGE keep the grid)
+    step_grids: bool = True
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -334,12 +341,14 @@ class Drafter:
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
-        self.schedules = {
-            (split, fused): torch.tensor(build_schedule(cfg.architecture, cfg.depth, split, fused), dtype=torch.int32,
-                                         device=device)
+        self.schedule_codes = {
+            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused)
             for split in (False, True) for fused in (False, True)
         }
+        self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
+                          for key, codes in self.schedule_codes.items()}
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
+        self.schedule_list = self.schedule_codes[False, False]  # the same, on the host
         self.n_steps = len(self.schedule)
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
         self._pgraphs: dict = {}  # mode="persistent": captured cooperative launches, likewise
@@ -569,6 +578,7 @@ class Drafter:
         ws = self.workspace(nb, n_rows)
         p = self.plan(nb)
         self.schedule = self.schedules[p.wide, p.fused]
+        self.schedule_list = self.schedule_codes[p.wide, p.fused]
         self.n_steps = len(self.schedule)
         if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
             ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
@@ -627,15 +637,17 @@ class Drafter:
                 self._persistent_graphed(args, const, grid)
             else:
                 self._persistent_launch(args, const, grid)
-        elif mode == "steps":
-            self._launch_steps(args, const, grid, step_hook)
-        elif mode == "graph":
-            key = self._graph_key(args, const)
-            graph = self._graphs.pop(key, None)
-            if graph is None:
-                graph = self._capture(args, const, grid)
-            self._keep(self._graphs, key, graph)
-            graph.replay()
+        elif mode in ("steps", "graph"):
+            self.step_grid_list = [self.step_grid(code, nb, n_rows) for code in self.schedule_list]
+            if mode == "steps":
+                self._launch_steps(args, const, grid, step_hook)
+            else:
+                key = self._graph_key(args, const)
+                graph = self._graphs.pop(key, None)
+                if graph is None:
+                    graph = self._capture(args, const, grid)
+                self._keep(self._graphs, key, graph)
+                graph.replay()
         else:
             raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         if graphed:
@@ -714,15 +726,41 @@ class Drafter:
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
 
+    def step_grid(self, code: int, nb: int, n_rows: int) -> int:
+        """Programs of the step launch of schedule entry ``code`` (``Tuning.step_grids``): the
+        phases that loop over a few items - sequences (SELECT, FINAL), rows (PREP, RoPE, the
+        post-attention norm) or attention parts - launch at most one program per item; the
+        weight streams (their slabs are sized for the whole grid), MERGE (one partial per
+        lm_head program) and the final norm (its second half is placed after the rows'
+        programs) keep the grid."""
+        if not self.tuning.step_grids:
+            return self.grid
+        ph, i = divmod(code, 256)
+        cfg = self.cfg
+        ctx = i == K_.CTX_DEPTH
+        rows_in = n_rows if ctx else nb * cfg.top_k
+        kv = nb * cfg.num_key_value_heads
+        parts = self.attn_chunks(nb) + (0 if ctx else i + 1)
+        items = {
+            K_.PH_SELECT: nb, K_.PH_FINAL: nb, K_.PH_PREP3: rows_in, K_.PH_PREP2: rows_in, K_.PH_ROPE: rows_in,
+            K_.PH_NORM_POST: nb if ctx else nb * cfg.top_k, K_.PH_ATTN: kv * parts, K_.PH_ATTN2: kv * parts,
+            K_.PH_ATTN3: kv * (Workspace.block_sizes(cfg)["block_q"] // 16), K_.PH_ATTN_F: kv,
+        }.get(ph)
+        return self.grid if items is None else max(1, min(self.grid, items))
+
     def _launch_steps(self, args, const, grid, step_hook=None) -> None:
-        """One launch per schedule entry (the interpreter path; on GPU the graph mode's body)."""
+        """One launch per schedule entry (the interpreter path; on GPU the graph mode's body):
+        the kernel built for the entry's phase (``Tuning.phase_kernels``) on its own grid
+        (``step_grid``)."""
         args = list(args)
         for st in range(self.n_steps):
             if step_hook is not None:
                 step_hook(st)
             args[0] = self.schedule[st:]
             args[1] = 1
-            K_.drafter_kernel[grid](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False, **const)
+            phase = self.schedule_list[st] // 256 if self.tuning.phase_kernels else -1
+            K_.drafter_kernel[(self.step_grid_list[st],)](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False,
+                                                          PHASE=phase, **const)
 
     def _capture(self, args, const, grid):
         """CUDA graph of the step launches for these exact arguments (compiled and run once on a
