@@ -638,7 +638,7 @@ class Drafter:
             else:
                 self._persistent_launch(args, const, grid)
         elif mode in ("steps", "graph"):
-            self.step_grid_list = [self.step_grid(code, nb, n_rows) for code in self.schedule_list]
+            self._step_shape = (nb, n_rows)  # for the step grids of launches made now (steps, a capture)
             if mode == "steps":
                 self._launch_steps(args, const, grid, step_hook)
             else:
@@ -753,6 +753,7 @@ class Drafter:
         the kernel built for the entry's phase (``Tuning.phase_kernels``) on its own grid
         (``step_grid``)."""
         args = list(args)
+        self.step_grid_list = [self.step_grid(code, *self._step_shape) for code in self.schedule_list]
         for st in range(self.n_steps):
             if step_hook is not None:
                 step_hook(st)
