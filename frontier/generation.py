@@ -749,6 +749,24 @@ def _as_id_set(x: Any, name: str) -> set[int]:
     return out
 
 
+# what the generation loop passes to every draft call itself
+_LOOP_DRAFT_ARGS = ("input_ids", "cache", "weights", "sampling", "padded", "cache_max_length", "backend",
+                    "check_token_range")
+
+
+def _check_draft_options(options: Any) -> dict[str, Any]:
+    """``draft_options``: None or a dict of backend options keyed by str, none of them an
+    argument the loop sets itself (InputError otherwise)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise InputError(f"draft_options must be a dict of backend options keyed by str, got {options!r}")
+    taken = sorted(k for k in options if k in _LOOP_DRAFT_ARGS)
+    if taken:
+        raise InputError(f"draft_options cannot set {taken}: the generation loop passes those to every draft call")
+    return dict(options)
+
+
 class SpeculativeGenerator:
     """A target + draft head pair that generates with EAGLE speculative decoding.
 
@@ -760,6 +778,9 @@ class SpeculativeGenerator:
     backend: a registered backend name.
     padded: draft with ``padded=True`` (no host read inside the draft call); verification uses
         only the tree mask and depths, so both layouts work.
+    draft_options: backend options passed to every draft call (e.g. ``{"mode": "graph"}`` for
+        the triton backend's CUDA-graph launches); the loop's own arguments (input ids, cache,
+        weights, sampling, layout) cannot be set here.
 
     The hooks that capture the target's features are attached for the duration of each
     :meth:`generate` call only.
@@ -773,6 +794,7 @@ class SpeculativeGenerator:
         *,
         backend: str = "torch_ref",
         padded: bool = True,
+        draft_options: Optional[dict[str, Any]] = None,
     ) -> None:
         if not isinstance(cfg, FrontierConfig):
             raise InputError(f"cfg must be a frontier.FrontierConfig, got {type(cfg).__name__}")
@@ -787,6 +809,7 @@ class SpeculativeGenerator:
         if not self.requires_weights:
             weights = None  # weight-free backends (the stub) take none
         self.cfg, self.weights, self.backend, self.padded = cfg, weights, backend, bool(padded)
+        self.draft_options = _check_draft_options(draft_options)
         self.runner = _TargetRunner(target, cfg.architecture)
         r = self.runner
         if cfg.feature_size != r.feature_size:
@@ -993,7 +1016,7 @@ class SpeculativeGenerator:
         stop_names = {**{t: "stop_token" for t in extra_stops}, **{t: "eos" for t in stops}}
         budget_reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
         sync = (lambda: _sync(device)) if profile else (lambda: None)
-        draft_kwargs: dict[str, Any] = {}
+        draft_kwargs: dict[str, Any] = dict(self.draft_options)
         if self.requires_weights:
             draft_kwargs["weights"] = self.weights
             draft_kwargs["cache_max_length"] = p_len + budget + 2
@@ -1164,7 +1187,7 @@ class SpeculativeGenerator:
         stop_names = {**{t: "stop_token" for t in extra_stops}, **{t: "eos" for t in stops}}
         reasons = ["max_new_tokens" if budgets[b] == asked[b] else "max_length" for b in range(bsz)]
         sync = (lambda: _sync(device)) if profile else (lambda: None)
-        draft_kwargs: dict[str, Any] = {}
+        draft_kwargs: dict[str, Any] = dict(self.draft_options)
         if self.requires_weights:
             draft_kwargs["weights"] = self.weights
             draft_kwargs["cache_max_length"] = max(n + m for n, m in zip(lens0, budgets)) + 2

@@ -40,6 +40,8 @@ def test_generate_cli_errors(capsys):
     assert main(["generate", "--random-tiny", "--input-ids", "1,x", "--device", "cpu"]) == 2
     assert main(["generate", "--random-tiny", "--input-ids", "4,5,6", "--max-length", "2", "--device", "cpu"]) == 2
     assert "max_length=2 leaves no room" in capsys.readouterr().err
+    assert main(["generate", "--random-tiny", "--input-ids", "4,5,6", "--draft-mode", "graph", "--device", "cpu"]) == 2
+    assert "--draft-mode is an option of the triton backend" in capsys.readouterr().err
 
 
 def test_generate_from_local_checkpoints(tmp_path, capsys):

@@ -47,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     inp.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
     gen = p.add_argument_group("generation")
     gen.add_argument("--backend", default="torch_ref", help="draft backend (default torch_ref)")
+    gen.add_argument("--draft-mode", choices=["persistent", "steps", "graph"], default=None,
+                     help="triton backend: launch mode of the draft calls (default persistent on a GPU; graph replays "
+                     "per-phase kernels as a CUDA graph, the faster mode measured)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--max-length", type=int, default=None, help="stop when prompt + new tokens reach this")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless vs target.generate)")
@@ -173,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
     prompt = prompts[0]
     batched = len(prompts) > 1 or args.batch is not None
 
-    gen = SpeculativeGenerator(target, cfg, weights, backend=args.backend)
+    if args.draft_mode is not None and args.backend != "triton":
+        raise InputError(f"--draft-mode is an option of the triton backend, not of --backend {args.backend}")
+    gen = SpeculativeGenerator(target, cfg, weights, backend=args.backend,
+                               draft_options=None if args.draft_mode is None else {"mode": args.draft_mode})
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         max_length=args.max_length,
