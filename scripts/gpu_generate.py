@@ -117,7 +117,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="fewer tokens")
-    ap.add_argument("--backends", default=None, help="comma-separated (default: every available one)")
+    ap.add_argument("--backends", default=None,
+                    help="comma-separated (default: every available one); NAME:MODE drafts with option mode=MODE "
+                    "(e.g. triton:graph)")
     ap.add_argument("--presets", default="tiny,large", help="comma-separated random presets to run")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only for a smoke run of this script)")
     args = ap.parse_args()
@@ -167,7 +169,8 @@ def main() -> int:
             row = dict(preset=preset, dtype=str(dtype)[6:], tree=f"T{t}-D{d}-K{k}", backend=name, new_tokens=n_new,
                        baseline_tokens_per_s=base_tps)
             try:
-                gen = SpeculativeGenerator(target, cfg, w, backend=name)
+                be, _, mode = name.partition(":")
+                gen = SpeculativeGenerator(target, cfg, w, backend=be, draft_options={"mode": mode} if mode else None)
                 gen.generate(prompt, max_new_tokens=16, eos_token_id=None, profile=False)  # warm-up / compile
                 sync()
                 t0 = time.perf_counter()
