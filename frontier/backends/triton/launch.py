@@ -349,6 +349,8 @@ class Drafter:
                           for key, codes in self.schedule_codes.items()}
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
         self.schedule_list = self.schedule_codes[False, False]  # the same, on the host
+        self._step_shape = (1, 1)  # (sequences, packed new rows) of the step launches being made
+        self.step_grid_list: list[int] = []  # their programs per schedule entry (Drafter.step_grid)
         self.n_steps = len(self.schedule)
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
         self._pgraphs: dict = {}  # mode="persistent": captured cooperative launches, likewise
