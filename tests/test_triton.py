@@ -532,7 +532,8 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
     6 sequences x top_k 6 = 36 rows as 32 + 16 instead of one 64-row tile, so every weight chunk
     meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
     logits). Trees, scores and cache rows must equal the one-tile launch's, and the tokens and
-    tree torch_ref's for each sequence drafted alone."""
+    tree torch_ref's for each sequence drafted alone. The context step's unsplit o_proj and down
+    (one row per sequence) take their own 16-row tile (``BMP_B``), not the 64-row one."""
     from frontier.backends.triton.launch import Tuning
     from frontier.cache import DraftCache
 
@@ -544,6 +545,7 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
         tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64, exact_rows=exact)
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.row_tiles(6) == ((32, 16) if exact else (64, 0))
+        assert (d.plan(6).const["BMP"], d.plan(6).const["BMP_B"]) == (64, 16)
         outs.append(out)
     _assert_same_launch(*outs)
     t0 = outs[0][0]
@@ -624,6 +626,21 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused):
     assert grids[K_.PH_SELECT] == grids[K_.PH_FINAL] == 3
     assert grids[K_.PH_LMHEAD] == grids[K_.PH_MERGE] == grids[K_.PH_GATEUP] == 12
     assert grids[K_.PH_ATTN_F if fused else K_.PH_ATTN] <= 12
+
+
+def test_context_rows_of_wide_launches_get_their_own_tile():
+    """At wide launches (the 8B preset at batch 16 and 64) the tree depths split K in o_proj and
+    down, so the unsplit forms run only in the context step, over one row per sequence: their
+    tile is the batch's (16 / 64 rows, not the tree rows' 256) and their k-chunks follow from it
+    (512 / 256 columns, was 128). Narrow launches keep one tile for both."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.bench import BenchCase
+
+    cfg = BenchCase(preset="eagle3-llama3.1-8b", depth=7).config()
+    d = Drafter(cfg, torch.bfloat16, torch.device("cpu"), Tuning(grid=132))
+    got = {nb: tuple(d.plan(nb).const[k] for k in ("BMP", "BMP_B", "BK_O", "BK_D")) for nb in (1, 4, 16, 64)}
+    assert got == {1: (16, 16, 512, 512), 4: (64, 64, 256, 256), 16: (256, 16, 512, 512), 64: (256, 64, 256, 256)}
+    assert d.plan(16).wide and not d.plan(4).wide
 
 
 def test_row_tiles_cover_the_tree_rows_with_less_padding():

@@ -1289,6 +1289,7 @@ def drafter_kernel(
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_CH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr,
     VEC_W: tl.constexpr = 1, VEC_KV: tl.constexpr = 1, BM2: tl.constexpr = 0, BMP: tl.constexpr = 16,
+    BMP_B: tl.constexpr = 16,
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
@@ -1303,7 +1304,9 @@ def drafter_kernel(
     BM2 > 0 (wide launches): the tree depths' weight-streaming phases take activation rows in tiles
     of BM + BM2 (two accumulators per weight chunk), covering e.g. 160 rows without padding them to
     256. The unsplit linear phases (every one at narrow launches, the context step's at wide ones,
-    with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows.
+    with slabs too short for the tensor-core tiles of two accumulators) take one tile of BMP rows;
+    o_proj and down, whose unsplit forms at wide launches serve only the context step's one row
+    per sequence, one of BMP_B rows (BMP at narrow launches).
     QH (eagle3; the launcher enables it at batch 1): the tree depths' QKV is split along its input - the hidden half
     streamed one step early, during MERGE (``_ph_qkv_hidden``: NORM_F also writes the rows'
     hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
@@ -1416,13 +1419,15 @@ def drafter_kernel(
         elif ph == 7:  # PH_OPROJ: h1 = h + o_proj(attn); the context step's residual is each sequence's last row
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
+                           STF=ST_FOLD)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
                                  RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
-                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O, STF=ST_FOLD)
+                           wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
+                           STF=ST_FOLD)
         elif ph == 8:  # PH_NORM_POST
             _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
@@ -1436,7 +1441,8 @@ def drafter_kernel(
                                  RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
-                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D, STF=ST_FOLD)
+                           wd_ptr, wd_ptr, 0, RP_D, 1, BMP_B, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D,
+                           STF=ST_FOLD)
         elif ph == 18:  # PH_RED_QKV
             _ph_reduce(pid, nprog, part_ptr, SPL_QKV, m_in, NQ + 2 * NKVD, MR, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, 0,
                        0, 1024)

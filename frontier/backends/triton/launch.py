@@ -515,10 +515,14 @@ class Drafter:
         st_lin, st_gu, st_lm = (s or tn.num_stages for s in (tn.lin_stages, tn.gu_stages, tn.lm_stages))
         rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
         rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        # wide launches split K in the tree depths' o_proj and down, so their unsplit forms serve only
+        # the context step, whose rows there are one per sequence: sized for that tile (BMP_B), not
+        # for the tree rows' (a 256-row tile for 16 rows cut down's k-chunk to 128 columns)
+        bmb = max(16, _pow2(nb)) if wide else bmp
+        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin)
         rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide,
                                     stages=st_gu)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin)
         rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, tn.lm_stage_bytes, acc_elems=acc, wide=wide,
                                     stages=st_lm)
         s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide, st_lin)
@@ -545,7 +549,7 @@ class Drafter:
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
-            BM=bm, BM2=bm2, BMP=bmp, KP=self.kp,
+            BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
             BNS_GU=bns_gu, BK_GU=bk_gu, BNS_D=bns_d, BK_D=bk_d, BNS_LM=bns_lm, BK_LM=bk_lm,
             LM_HALVES=tn.lm_halves if bns_lm >= 32 else 1, LM_WIDE=wide, BNP_LM=bnp_lm,
