@@ -349,8 +349,7 @@ class Drafter:
                           for key, codes in self.schedule_codes.items()}
         self.schedule = self.schedules[False, False]  # the schedule of the last launch
         self.schedule_list = self.schedule_codes[False, False]  # the same, on the host
-        self._step_shape = (1, 1)  # (sequences, packed new rows) of the step launches being made
-        self.step_grid_list: list[int] = []  # their programs per schedule entry (Drafter.step_grid)
+        self.step_grid_list: list[int] = []  # programs per schedule entry of the last step launches
         self.n_steps = len(self.schedule)
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
         self._pgraphs: dict = {}  # mode="persistent": captured cooperative launches, likewise
@@ -635,25 +634,22 @@ class Drafter:
         vec = self.vec16(lw, seqs)
         const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
                      HAS_FCB=weights.fc_bias is not None)
-        grid = (self.grid,)
         if mode == "persistent":
             args[1] = self.n_steps
             const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=int(timing), launch_cooperative_grid=True)
             if graphed:
-                self._persistent_graphed(args, const, grid)
+                self._persistent_graphed(args, const, (self.grid,))
             else:
-                self._persistent_launch(args, const, grid)
-        elif mode in ("steps", "graph"):
-            self._step_shape = (nb, n_rows)  # for the step grids of launches made now (steps, a capture)
-            if mode == "steps":
-                self._launch_steps(args, const, grid, step_hook)
-            else:
-                key = self._graph_key(args, const)
-                graph = self._graphs.pop(key, None)
-                if graph is None:
-                    graph = self._capture(args, const, grid)
-                self._keep(self._graphs, key, graph)
-                graph.replay()
+                self._persistent_launch(args, const, (self.grid,))
+        elif mode == "steps":
+            self._launch_steps(args, const, (nb, n_rows), step_hook)
+        elif mode == "graph":
+            key = self._graph_key(args, const)
+            graph = self._graphs.pop(key, None)
+            if graph is None:
+                graph = self._capture(args, const, (nb, n_rows))
+            self._keep(self._graphs, key, graph)
+            graph.replay()
         else:
             raise ValueError(f"mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         if graphed:
@@ -754,12 +750,13 @@ class Drafter:
         }.get(ph)
         return self.grid if items is None else max(1, min(self.grid, items))
 
-    def _launch_steps(self, args, const, grid, step_hook=None) -> None:
+    def _launch_steps(self, args, const, shape: tuple[int, int], step_hook=None) -> None:
         """One launch per schedule entry (the interpreter path; on GPU the graph mode's body):
         the kernel built for the entry's phase (``Tuning.phase_kernels``) on its own grid
-        (``step_grid``)."""
+        (``step_grid`` for ``shape`` = (sequences, packed new rows)); the grids are worked out here,
+        when launches are made, not on every replay of a captured graph."""
         args = list(args)
-        self.step_grid_list = [self.step_grid(code, *self._step_shape) for code in self.schedule_list]
+        self.step_grid_list = [self.step_grid(code, *shape) for code in self.schedule_list]
         for st in range(self.n_steps):
             if step_hook is not None:
                 step_hook(st)
@@ -769,17 +766,17 @@ class Drafter:
             K_.drafter_kernel[(self.step_grid_list[st],)](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False,
                                                           PHASE=phase, **const)
 
-    def _capture(self, args, const, grid):
+    def _capture(self, args, const, shape: tuple[int, int]):
         """CUDA graph of the step launches for these exact arguments (compiled and run once on a
         side stream first, as capture requires)."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._launch_steps(args, const, grid)
+            self._launch_steps(args, const, shape)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._launch_steps(args, const, grid)
+            self._launch_steps(args, const, shape)
         return graph
 
     def _graph_outputs(self, batch: int) -> tuple:
