@@ -603,21 +603,24 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     assert not wide.qkv_ahead(2)  # a wide launch splits K in its QKV (and PREP3 must write both halves)
 
 
-@pytest.mark.parametrize("arch,fused", [("eagle3", False), ("eagle2", True)])
-def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused):
+@pytest.mark.parametrize("arch,fused,seed,hidden,heads,kv_heads",
+                         [("eagle3", False, 61, 32, 4, 2), ("eagle2", True, 71, 32, 4, 2), ("eagle3", False, 83, 30, 3, 1)])
+def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed, hidden, heads, kv_heads):
     """Step launches build the kernel for each entry's phase alone (``Tuning.phase_kernels``) and
     give the phases that loop over a few items no more programs than items (``step_grids``):
     on a 12-program grid a ragged batch of 3 (split and fused attention, the hidden-half QKV
     ahead for eagle3) drafts the same trees, scores and cache rows, bit for bit, as the whole
-    phase switch on the full grid - and SELECT / FINAL run one program per sequence, the
-    weight streams and MERGE on the whole grid."""
+    phase switch on the full grid (several seeds; one head with a hidden size of 30 and 3 heads
+    over 1 KV head) - and SELECT / FINAL run one program per sequence, the weight streams and
+    MERGE on the whole grid."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
     cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
-                        target_vocab_size=110 if arch == "eagle3" else 70)
-    w = random_weights(cfg, seed=61, lm_head_scale=6.0, device=DEVICE)
-    seqs, _ = _ragged(cfg, 62, batch=3, lo=3, hi=9)
+                        target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=hidden,
+                        num_attention_heads=heads, num_key_value_heads=kv_heads)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, seed + 1, batch=3, lo=3, hi=9)
     over = dict(grid=12, BM=32, fused_attention=fused)
     d, new = _draft_tuned(cfg, w, seqs, Tuning(**over))
     _, old = _draft_tuned(cfg, w, seqs, Tuning(phase_kernels=False, step_grids=False, **over))
@@ -625,6 +628,7 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused):
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
     assert grids[K_.PH_SELECT] == grids[K_.PH_FINAL] == 3
     assert grids[K_.PH_LMHEAD] == grids[K_.PH_MERGE] == grids[K_.PH_GATEUP] == 12
+    assert d.plan(3).fused == fused
     assert grids[K_.PH_ATTN_F if fused else K_.PH_ATTN] <= 12
 
 
