@@ -632,6 +632,53 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     assert grids[K_.PH_ATTN_F if fused else K_.PH_ATTN] <= 12
 
 
+def test_pdl_trigger_policies_pick_when_each_launch_lets_the_next_start():
+    """Programmatic dependent launch of the step launches (``Tuning.pdl``): every launch is made
+    with it and waits in the kernel; ``pdl_trigger`` decides whether a launch lets the next one
+    start right after its wait (PDL 1) or after its work (PDL 2). Off on a CPU and under the
+    interpreter; an unknown policy is refused when the tuning is made."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = random_config()
+    # a weight stream before a stream, before a small launch, before a full-grid one; the last
+    sched = [(K_.PH_GATEUP, 12), (K_.PH_DOWN, 12), (K_.PH_SELECT, 1), (K_.PH_LMHEAD, 12), (K_.PH_MERGE, 12),
+             (K_.PH_QKV, 12), (K_.PH_ROPE, 3), (K_.PH_FINAL, 1)]
+    want = {
+        "start": [1] * 8,
+        "end": [2] * 8,
+        "streams_end": [2, 2, 1, 2, 1, 2, 1, 1],
+        "small": [1, 1, 1, 2, 1, 1, 1, 1],
+        "small_only": [2, 1, 1, 2, 1, 1, 1, 1],
+    }
+    for trigger, pdl in want.items():
+        d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, pdl=True, pdl_trigger=trigger,
+                                                                      pdl_max_grid=4))
+        d.schedule_list = [ph * 256 for ph, _ in sched]
+        d.step_grid_list = [g for _, g in sched]
+        d.n_steps = len(sched)
+        got = [d.pdl_const(st) for st in range(len(sched))]
+        assert all(c["launch_pdl"] for c in got)
+        assert [c["PDL"] for c in got] == pdl, trigger
+        assert not d.pdl_on()  # a CPU drafter never sets it
+    with pytest.raises(ValueError, match="pdl_trigger"):
+        Tuning(pdl_trigger="early")
+
+
+def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
+    """``Tuning(pdl=True)`` under the interpreter (and on a CPU) makes plain step launches: the
+    same trees, scores and cache rows as without it."""
+    from frontier.backends.triton.launch import Tuning
+
+    cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, target_vocab_size=110, hidden_size=32,
+                        num_attention_heads=4, num_key_value_heads=2)
+    w = random_weights(cfg, seed=91, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 92, batch=2, lo=3, hi=9)
+    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=False))
+    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=True, pdl_trigger="start"))
+    _assert_same_bits(a, b)
+
+
 def test_context_rows_of_wide_launches_get_their_own_tile():
     """At wide launches (the 8B preset at batch 16 and 64) the tree depths split K in o_proj and
     down, so the unsplit forms run only in the context step, over one row per sequence: their
@@ -700,6 +747,32 @@ def test_gpu_graph_mode_matches_persistent(arch):
     assert torch.equal(gra[-1].draft_tokens, first)  # an earlier result is not a view of the graph's buffers
     seqs, g = _ragged(cfg, 63, batch=5, lo=20, hi=60)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, mode="graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_graph_with_pdl_drafts_the_same_bits(arch):
+    """Graph mode with programmatic dependent launch (each launch starts while the one before it
+    runs and waits in the kernel), with the default trigger policy and with every launch letting
+    the next start at once: one sequence and a ragged batch of 5 draft the same trees, scores and
+    cache rows, bit for bit, as the graph without it, on every one of 10 replays (a missing wait
+    would show up as a race)."""
+    from frontier.backends.triton.launch import Tuning
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    cfg = _medium_config(arch)
+    w = random_weights(cfg, seed=81, device="cuda", lm_head_scale=6.0)
+    for batch in (1, 5):
+        seqs, _ = _ragged(cfg, 82 + batch, batch=batch, lo=20, hi=60)
+        _, ref = _draft_tuned(cfg, w, seqs, Tuning(pdl=False), mode="graph")
+        for trigger in ("small", "start"):  # the default, and every launch started early
+            d, out = _draft_tuned(cfg, w, seqs, Tuning(pdl=True, pdl_trigger=trigger), mode="graph")
+            assert d.pdl_on()
+            _assert_same_bits(ref, out)
+            for _ in range(10):
+                d.run_batch(w, out[3], "graph")
+                assert torch.equal(d.out_tok, ref[0]) and torch.equal(d.out_score, ref[2]), trigger
 
 
 @pytest.mark.gpu

@@ -29,6 +29,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # grid dependency control (programmatic dependent launch), sm_90+; Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_wait as _gdc_wait
+    HAS_GDC = True
+except ImportError:  # pragma: no cover - older Triton: the launcher never sets PDL
+    HAS_GDC = False
+
+    @triton.jit
+    def _gdc_wait():
+        pass
+
+    @triton.jit
+    def _gdc_launch_dependents():
+        pass
+
 # Phase codes of a schedule entry (entry = phase * 256 + depth; depth CTX_DEPTH = context step).
 PH_FC = 0
 PH_PREP3 = 1
@@ -1294,6 +1309,7 @@ def drafter_kernel(
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
     BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, PHASE: tl.constexpr = -1,
+    PDL: tl.constexpr = 0,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1318,7 +1334,12 @@ def drafter_kernel(
     batch 1 by 4, batch 4 by 2, never in wide launches), pipelined ST_FOLD stages (0: ST_LIN).
     PHASE >= 0 (step launches, one schedule entry each): the kernel is built for that phase
     alone - the phase switch below is decided at compile time, so the build holds one phase's
-    code and gets that phase's own register allocation."""
+    code and gets that phase's own register allocation.
+    PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
+    start while the one before it still runs, so every program first waits for that one to
+    complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
+    launch's); nothing is read or written before. It lets the next launch start (which then waits
+    the same way) right after the wait (PDL 1) or after its own phase's work (PDL 2)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -1347,6 +1368,10 @@ def drafter_kernel(
         # rows of this step: the N packed new rows (context step, up to attention), else B or B*K
         m_in = tl.where(is_ctx, N, B * K)
         m_out = tl.where(is_ctx, B, B * K)
+        if PDL > 0:
+            _gdc_wait()
+            if PDL == 1:
+                _gdc_launch_dependents()
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
@@ -1485,6 +1510,8 @@ def drafter_kernel(
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
                       out_pos_ptr, out_ret_ptr, out_leaf_ptr, BLOCK_C, BLOCK_T, BLOCK_W)
+        if PDL == 2:
+            _gdc_launch_dependents()
         if PERSISTENT:
             if TIMING >= 2:
                 tl.debug_barrier()

@@ -170,6 +170,25 @@ class Tuning:
     # step launches: the phases that loop over a few items (sequences, rows, attention parts)
     # launch no more programs than they have items (the weight streams and MERGE keep the grid)
     step_grids: bool = True
+    # step launches on sm_90+ (Triton with grid dependency control): every launch is made with
+    # programmatic dependent launch - it may start while the one before it runs, and waits in the
+    # kernel - so launch latency and program start-up overlap the previous phase.
+    # pdl_trigger: when a launch lets the next one start - "start" (right after its own wait),
+    # "end" (after its work), "streams_end" (the weight streams after their work, other phases
+    # at start), "small" (a weight stream at start only before another stream or a launch of at
+    # most pdl_max_grid programs), "small_only" (only before such a launch that is no stream).
+    # Sixteenth session, H200, graph mode, device ms, off -> "small": 8B depth 7 batch 1 2.048 ->
+    # 1.966, batch 4 3.167 -> 3.135, batch 16 3.445 -> 3.394-3.415; 1B batch 1 1.152 -> 1.092
+    # ("start": 1.953 / 3.144 / 3.483 / 1.117; "small_only": 1.974 / 3.147 / 3.404 / 1.092)
+    pdl: bool = True
+    pdl_trigger: str = "small"
+    pdl_max_grid: int = 32
+
+    PDL_TRIGGERS = ("start", "end", "streams_end", "small", "small_only")
+
+    def __post_init__(self):
+        if self.pdl_trigger not in self.PDL_TRIGGERS:
+            raise ValueError(f"Tuning.pdl_trigger must be one of {', '.join(self.PDL_TRIGGERS)}; got {self.pdl_trigger!r}")
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -357,6 +376,7 @@ class Drafter:
         self.graph_error: Optional[str] = None  # why capturing a persistent launch failed (then never retried)
         self._graph_outs: dict = {}
         self._plans: dict = {}  # LaunchPlan by (batch size, interpreting)
+        self._two_fit: dict = {}  # whether two programs of a step build fit on one SM, by build
 
     # ------------------------------------------------------------------------------------------
     def workspace(self, batch: int, rows: int) -> Workspace:
@@ -757,14 +777,67 @@ class Drafter:
         when launches are made, not on every replay of a captured graph."""
         args = list(args)
         self.step_grid_list = [self.step_grid(code, *shape) for code in self.schedule_list]
+        pdl = self.pdl_on()
         for st in range(self.n_steps):
             if step_hook is not None:
                 step_hook(st)
             args[0] = self.schedule[st:]
             args[1] = 1
             phase = self.schedule_list[st] // 256 if self.tuning.phase_kernels else -1
-            K_.drafter_kernel[(self.step_grid_list[st],)](*args, PERSISTENT=False, MAX_SPIN=1, TIMING=False,
-                                                          PHASE=phase, **const)
+            grid = (self.step_grid_list[st],)
+            kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=phase)
+            if pdl:
+                kw.update(self.pdl_const(st))
+                if self.schedule_list[st] // 256 in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
+                    kw["launch_pdl"] = False  # launched early, its programs could pile up two to an SM
+            K_.drafter_kernel[grid](*args, **kw)
+
+    _STREAM_PHASES = (K_.PH_FC, K_.PH_QKV, K_.PH_OPROJ, K_.PH_GATEUP, K_.PH_DOWN, K_.PH_LMHEAD)
+
+    def pdl_on(self) -> bool:
+        """Whether step launches may use programmatic dependent launch (``Tuning.pdl``): not
+        under the interpreter, on a CPU, a GPU before sm_90, or a Triton without grid dependency
+        control."""
+        return bool(self.tuning.pdl and K_.HAS_GDC and self.device.type == "cuda" and not interpreting()
+                    and torch.cuda.get_device_capability(self.device) >= (9, 0))
+
+    def _two_per_sm(self, args, grid, kw) -> bool:
+        """Whether two programs of this step build fit on one SM (registers and shared memory of
+        the compiled kernel, compiled here if it is not yet). A weight stream's slabs assume one
+        program per SM: launched normally its programs spread over the idle SMs, but launched
+        early, while the phase before it holds some SMs, they would be placed two to an SM where
+        they fit, and those SMs take twice as long (8B batch 4: gate/up 1.5 instead of 0.86 ms
+        per call). Such builds are launched without PDL."""
+        key = tuple(sorted((k, v) for k, v in kw.items() if k != "launch_pdl"))
+        if key not in self._two_fit:
+            ck = K_.drafter_kernel.warmup(*args, grid=grid, **kw)
+            ck._init_handles()
+            props = torch.cuda.get_device_properties(self.device)
+            smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+            regs = getattr(props, "regs_per_multiprocessor", 65536)
+            warps = kw.get("num_warps", 4)
+            per_warp = -(-ck.n_regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+            self._two_fit[key] = (2 * (ck.metadata.shared + 1024) <= smem and 2 * warps * per_warp <= regs)
+        return self._two_fit[key]
+
+    def pdl_const(self, st: int) -> dict:
+        """Step launch ``st``'s PDL settings (``Tuning.pdl_trigger``): the launch option and the
+        kernel's PDL (1 / 2: the next launch may start after this one's wait / after its work).
+        Every launch waits for the one before it, so each one's writes are visible to all later."""
+        tn = self.tuning
+        ph = self.schedule_list[st] // 256
+        last = st + 1 == self.n_steps
+        nph = -1 if last else self.schedule_list[st + 1] // 256
+        small = not last and self.step_grid_list[st + 1] <= tn.pdl_max_grid
+        stream, next_stream = ph in self._STREAM_PHASES, nph in self._STREAM_PHASES
+        start = {
+            "start": True,
+            "end": False,
+            "streams_end": not stream,
+            "small": not stream or next_stream or small,
+            "small_only": not stream or (small and not next_stream),
+        }[tn.pdl_trigger]
+        return dict(launch_pdl=True, PDL=1 if start else 2)
 
     def _capture(self, args, const, shape: tuple[int, int]):
         """CUDA graph of the step launches for these exact arguments (compiled and run once on a
