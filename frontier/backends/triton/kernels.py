@@ -1338,8 +1338,9 @@ def drafter_kernel(
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
-    launch's); nothing is read or written before. It lets the next launch start (which then waits
-    the same way) right after the wait (PDL 1) or after its own phase's work (PDL 2)."""
+    launch's). Before the wait nothing is read but the schedule (never written) and nothing is
+    written. The launch lets the next one start (which then waits the same way) right after the
+    wait (PDL 1) or after its own phase's work (PDL 2)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty

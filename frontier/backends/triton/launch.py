@@ -807,7 +807,8 @@ class Drafter:
         program per SM: launched normally its programs spread over the idle SMs, but launched
         early, while the phase before it holds some SMs, they would be placed two to an SM where
         they fit, and those SMs take twice as long (8B batch 4: gate/up 1.5 instead of 0.86 ms
-        per call). Such builds are launched without PDL."""
+        per call). Such builds are launched without PDL. (Keyed by the build's constants: a
+        drafter's arguments keep their dtypes and alignment from call to call.)"""
         key = tuple(sorted((k, v) for k, v in kw.items() if k != "launch_pdl"))
         if key not in self._two_fit:
             ck = K_.drafter_kernel.warmup(*args, grid=grid, **kw)
