@@ -188,7 +188,8 @@ class Tuning:
 
     def __post_init__(self):
         if self.pdl_trigger not in self.PDL_TRIGGERS:
-            raise ValueError(f"Tuning.pdl_trigger must be one of {', '.join(self.PDL_TRIGGERS)}; got {self.pdl_trigger!r}")
+            raise ValueError(f"Tuning.pdl_trigger must be one of {', '.join(self.PDL_TRIGGERS)}; "
+                             f"got {self.pdl_trigger!r}")
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
@@ -783,12 +784,12 @@ class Drafter:
                 step_hook(st)
             args[0] = self.schedule[st:]
             args[1] = 1
-            phase = self.schedule_list[st] // 256 if self.tuning.phase_kernels else -1
+            ph = self.schedule_list[st] // 256
             grid = (self.step_grid_list[st],)
-            kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=phase)
+            kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=ph if self.tuning.phase_kernels else -1)
             if pdl:
                 kw.update(self.pdl_const(st))
-                if self.schedule_list[st] // 256 in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
+                if ph in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
                     kw["launch_pdl"] = False  # launched early, its programs could pile up two to an SM
             K_.drafter_kernel[grid](*args, **kw)
 
