@@ -132,7 +132,9 @@ ap.add_argument("--stamps-out", default=None, help="save the raw stamps here (to
 ap.add_argument("--reps", type=int, default=20)
 ap.add_argument("--modes", default="persistent", help="launch modes to time, e.g. persistent,graph")
 ap.add_argument("--step-breakdown", default="",
-                help="batch sizes (comma-separated) whose graph-mode step kernels to time one by one (profiler, per phase)")
+                help="batch sizes (comma-separated) whose graph-mode step kernels to time one by one (profiler, per "
+                "phase); with PDL (Tuning.pdl, the default) a kernel's time includes its wait for the one before and "
+                "the gaps come out negative: time tuning nopdl for per-phase costs")
 ap.add_argument("--json", default=None)
 ap.add_argument("--identity", action="store_true",
                 help="also draft each sequence alone (same tuning) and count identical trees")
