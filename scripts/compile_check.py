@@ -69,7 +69,7 @@ short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 # specialisation as Triton's launcher makes it on the GPU: 16-byte aligned pointers and integers
 # divisible by 16 carry tt.divisibility=16, integers equal to 1 become constants (except the
 # do_not_specialize ones)
-nospec = {"B", "N"}
+nospec = {"B"}
 sig, const, attrs = {}, {}, {}
 div16 = [["tt.divisibility", 16]]
 for idx, (name, val) in enumerate(zip(names, captured["args"])):

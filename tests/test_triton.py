@@ -679,6 +679,33 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     _assert_same_bits(a, b)
 
 
+def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits(monkeypatch):
+    """A graph is captured with its per-row launches sized for the workspace's row capacity and
+    replayed for any N up to it: the kernel reads N from the metadata, and programs past the
+    call's rows do nothing. Under the interpreter: step launches whose per-row phases get
+    programs for 16 rows, for a ragged batch of fewer new rows, draft the same bits as launches
+    sized for its rows."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = random_config(total_token=12, depth=2, top_k=3, vocab_size=60, target_vocab_size=90, hidden_size=32,
+                        num_attention_heads=4, num_key_value_heads=2)
+    w = random_weights(cfg, seed=95, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 96, batch=2, lo=3, hi=5)
+    assert sum(feats.shape[1] for _, feats in seqs) < 16
+    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=16))
+    grids = []
+    real = Drafter.step_grid
+
+    def wide_rows(self, code, nb, n_rows):
+        grids.append(real(self, code, nb, 16))
+        return grids[-1]
+
+    monkeypatch.setattr(Drafter, "step_grid", wide_rows)
+    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=16))
+    assert 16 in grids  # the context step's per-row phases got programs past the call's rows
+    _assert_same_bits(a, b)
+
+
 def test_context_rows_of_wide_launches_get_their_own_tile():
     """At wide launches (the 8B preset at batch 16 and 64) the tree depths split K in o_proj and
     down, so the unsplit forms run only in the context step, over one row per sequence: their
@@ -805,6 +832,43 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
         runs[graph] = res
     for (t0, p0, s0, k0), (t1, p1, s1, k1) in zip(runs[False], runs[True]):
         assert torch.equal(t0, t1) and torch.equal(p0, p1) and torch.equal(s0, s1) and torch.equal(k0, k1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_one_graph_serves_every_new_row_count(arch):
+    """The kernel reads the call's packed new rows N from the metadata, so a generation-like
+    call sequence (the cache growing by a different number of rows each call) captures one graph
+    in mode='graph' and one cooperative-launch graph in mode='persistent', and every replay drafts
+    the direct persistent launch's tree, scores and cache rows."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = _medium_config(arch)
+    w = random_weights(cfg, seed=75, device="cuda", lm_head_scale=6.0)
+    ids, feats = random_inputs(cfg, context=40, seed=76)
+    ids, feats = ids.cuda(), feats.cuda()
+    chunks = [24, 3, 1, 5, 2, 5]  # new rows per call; c grows by each
+    runs = {}
+    for name, mode, tn in [("direct", "persistent", Tuning(persistent_graph=False)),
+                           ("pgraph", "persistent", Tuning()), ("graph", "graph", Tuning())]:
+        d = Drafter(cfg, torch.float32, torch.device("cuda"), tn)
+        cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
+        res, c = [], 0
+        for n in chunks:
+            d.alloc_outputs(1)
+            d.run(w, feats[0, c:c + n], ids[0, 1 + c:1 + c + n], ids[0, c + n:c + n + 1], cache, c, n, mode)
+            d.check_error()
+            c += n
+            res.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), cache.k[:, :, :c].clone()))
+        runs[name] = res
+        if name == "graph":
+            assert len(d._graphs) == 1
+        if name == "pgraph":
+            assert d.graph_error is None and len(d._pgraphs) == 1
+    for name in ("pgraph", "graph"):
+        for call, (a, b) in enumerate(zip(runs["direct"], runs[name])):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), (name, call)
 
 
 @pytest.mark.gpu

@@ -69,8 +69,9 @@ PH_ATTN_F = 21  # attention in one phase, one item per (sequence, KV head) (batc
 CTX_DEPTH = 255
 
 # Per-sequence metadata (int64 [B, META_W]): cached rows c_b, new rows n_b, first packed new row,
-# element offsets of the sequence's cache K and V from the kernel's kv base pointer, and the
-# cache's max_length (its rows per KV head).
+# element offsets of the sequence's cache K and V from the kernel's kv base pointer, the cache's
+# max_length (its rows per KV head), and the call's packed new rows N (the same in every entry;
+# the kernel reads N here rather than as an argument, so a captured launch serves any N).
 META_W = tl.constexpr(8)
 META_C = tl.constexpr(0)
 META_N = tl.constexpr(1)
@@ -78,6 +79,7 @@ META_ROW = tl.constexpr(2)
 META_KOFF = tl.constexpr(3)
 META_VOFF = tl.constexpr(4)
 META_MAXLEN = tl.constexpr(5)
+META_ROWS = tl.constexpr(6)
 
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
 KEY32_NONE = tl.constexpr(-0x80000000)  # below every real 32-bit key (_lm_slab_stats)
@@ -1271,9 +1273,9 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
 # ----------------------------------------------------------------------------------------------
 # the kernel
 # ----------------------------------------------------------------------------------------------
-# The batch size and the number of packed new rows change with every call: without this, Triton
-# specialises them (== 1, % 16 == 0) and recompiles the kernel as generation proceeds.
-@triton.jit(do_not_specialize=["B", "N"])
+# The batch size changes from call to call: without this, Triton specialises it (== 1, % 16 == 0)
+# and recompiles the kernel as generation proceeds. (The packed new rows N come in the metadata.)
+@triton.jit(do_not_specialize=["B"])
 def drafter_kernel(
     # schedule
     sched_ptr, n_steps, sync_ptr, time_ptr,
@@ -1289,7 +1291,7 @@ def drafter_kernel(
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
     out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
     # sizes
-    B, N, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
+    B, H, F, I, V, Vt, NH, NKV, HD, K, C, T, D, SK, MR, PFW, eps, sqrt_d,
     RP_FC, RP_QKV, RP_O, RP_GU, RP_D, RP_LM, NCH, RPS_QKV, RPS_O, RPS_D, SPL_QKV, SPL_O, SPL_D, RP_QH,
     # compile-time
     EAGLE3: tl.constexpr, HAS_D2T: tl.constexpr, HAS_FCB: tl.constexpr, IEEE: tl.constexpr,
@@ -1366,13 +1368,14 @@ def drafter_kernel(
         is_ctx = i == 255
         # QH: this step's rows are parents of a next depth's rows (every step but the last depth)
         ahead = (is_ctx & (D > 0)) | (i + 1 < D)
-        # rows of this step: the N packed new rows (context step, up to attention), else B or B*K
-        m_in = tl.where(is_ctx, N, B * K)
-        m_out = tl.where(is_ctx, B, B * K)
         if PDL > 0:
             _gdc_wait()
             if PDL == 1:
                 _gdc_launch_dependents()
+        # rows of this step: the N packed new rows (context step, up to attention), else B or B*K
+        N = tl.load(meta_ptr + META_ROWS).to(tl.int32)
+        m_in = tl.where(is_ctx, N, B * K)
+        m_out = tl.where(is_ctx, B, B * K)
         if ph == 0:  # PH_FC
             if EAGLE3:
                 _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,

@@ -14,8 +14,9 @@ o_proj and down, each followed by its reduction phase.
 ``mode="persistent"`` (GPU) runs the whole schedule in one cooperative launch with a bounded
 grid barrier between entries; ``mode="steps"`` launches one entry at a time on the same grid
 (the interpreter path, and a debugging aid on GPU); ``mode="graph"`` captures the step launches
-once per batch shape as a CUDA graph and replays it (the per-call inputs and metadata live in
-fixed workspace buffers, refreshed before each replay).
+once per batch size as a CUDA graph and replays it (the per-call inputs and metadata live in
+fixed workspace buffers, refreshed before each replay; the number of new rows is read from the
+metadata, so it may change between replays up to the workspace's row capacity).
 """
 
 from __future__ import annotations
@@ -468,9 +469,9 @@ class Drafter:
     def pack(self, seqs: list[SeqCall]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Stage the per-call inputs in the workspace (stable addresses and alignment, so
         Triton's pointer specialisation never changes between calls) and build the metadata:
-        int64 [B * META_W + N] = per-sequence rows, then each packed row's sequence. The kernel
-        addresses every sequence's cache from one base pointer (the lowest of the caches' K/V
-        storages) plus per-sequence element offsets. Returns (metadata on the device, the kv base
+        int64 [B * META_W + N] = per-sequence rows (the call's N in each), then each packed row's
+        sequence. The kernel addresses every sequence's cache from one base pointer (the lowest
+        of the caches' K/V storages) plus per-sequence element offsets. Returns (metadata on the device, the kv base
         tensor, N)."""
         ws = self.ws
         el = self.dtype.itemsize
@@ -482,9 +483,10 @@ class Drafter:
         meta: list[int] = []
         row_seq: list[int] = []
         row = 0
+        n_all = sum(s.n for s in seqs)
         for b, s in enumerate(seqs):
             kp, vp = ptrs[b]
-            meta += [s.c, s.n, row, (kp - base_ptr) // el, (vp - base_ptr) // el, s.cache.k.shape[2], 0, 0]
+            meta += [s.c, s.n, row, (kp - base_ptr) // el, (vp - base_ptr) // el, s.cache.k.shape[2], n_all, 0]
             row_seq += [b] * s.n
             row += s.n
         if len(seqs) == 1:
@@ -639,7 +641,7 @@ class Drafter:
             None, ws.sel_lp, ws.sel_tok,
             ws.fr_score, ws.fr_tok, ws.fr_src, ws.fr_pick, ws.anc,
             ws.cand_score, ws.cand_tok, ws.row_par, ws.cnt, ws.pf, *self.outputs,
-            nb, n_rows, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
+            nb, cfg.hidden_size, cfg.feature_size, cfg.intermediate_size, cfg.vocab_size,
             cfg.target_vocab_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.top_k,
             ws.C, cfg.total_token, cfg.depth, ws.sk, ws.mr, ws.pfw, float(cfg.rms_norm_eps), float(math.sqrt(cfg.head_dim)),
             *p.slab_args,
@@ -665,10 +667,12 @@ class Drafter:
         elif mode == "steps":
             self._launch_steps(args, const, (nb, n_rows), step_hook)
         elif mode == "graph":
-            key = self._graph_key(args, const)
+            # N is read from the metadata, so one graph serves every N up to the workspace's row
+            # capacity: its per-row launches get programs for that many rows (the rest exit)
+            key = (self._graph_key(args, const), ws.rows)
             graph = self._graphs.pop(key, None)
             if graph is None:
-                graph = self._capture(args, const, (nb, n_rows))
+                graph = self._capture(args, const, (nb, ws.rows))
             self._keep(self._graphs, key, graph)
             graph.replay()
         else:
@@ -747,7 +751,7 @@ class Drafter:
         kv_ok = self.tuning.vec_kv and aligned([t for s in seqs for t in (s.cache.k, s.cache.v)], skip=1)
         return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
-    max_graphs = 32  # captured graphs kept per drafter (one per batch size x packed rows x buffers)
+    max_graphs = 32  # captured graphs kept per drafter (one per batch size x row capacity x buffers)
 
     def step_grid(self, code: int, nb: int, n_rows: int) -> int:
         """Programs of the step launch of schedule entry ``code`` (``Tuning.step_grids``): the
