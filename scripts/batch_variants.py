@@ -97,6 +97,30 @@ TUNINGS = {
 }
 
 
+def tuning_of(name):
+    """A named tuning, or one spelled inline as ``field=value+field=value`` (ints, floats,
+    true/false, none, or strings)."""
+    if "=" not in name:
+        return TUNINGS[name]
+    fields = {}
+    for kv in name.split("+"):
+        k, v = kv.split("=")
+        low = v.lower()
+        if low in ("true", "false"):
+            fields[k] = low == "true"
+        elif low == "none":
+            fields[k] = None
+        else:
+            try:
+                fields[k] = int(v)
+            except ValueError:
+                try:
+                    fields[k] = float(v)
+                except ValueError:
+                    fields[k] = v
+    return fields
+
+
 def program_skew(schedule, start, arrive, leave):
     """Per phase (tree depths summed, context step apart) from every program's stamps (ns):
     the phase's time (last leave to last leave), each program's own work (its arrival minus its
@@ -125,7 +149,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--preset", default="eagle3-llama3.1-8b")
 ap.add_argument("--depth", type=int, default=7)
 ap.add_argument("--batches", default="1,4,16,64")
-ap.add_argument("--tunings", default="base")
+ap.add_argument("--tunings", default="base", help="comma-separated TUNINGS names or inline field=value+field=value")
 ap.add_argument("--breakdown", type=int, default=0, help="batch size to break down per phase (0: none)")
 ap.add_argument("--stamps", type=int, default=0, help="batch size whose every program's barrier stamps to analyse")
 ap.add_argument("--stamps-out", default=None, help="save the raw stamps here (torch.save)")
@@ -148,7 +172,7 @@ for bsz in [int(x) for x in a.batches.split(",")]:
     floor = 1e3 * floor_bytes(setup.cfg, setup.weights) / bw
     ref = None
     for name, mode in [(n, m) for n in a.tunings.split(",") for m in a.modes.split(",")]:
-        tn = Tuning(**TUNINGS[name])
+        tn = Tuning(**tuning_of(name))
         d = Drafter(setup.cfg, torch.bfloat16, dev, tn)
 
         seqs = setup.triton_seqs
