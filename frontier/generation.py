@@ -749,9 +749,9 @@ def _as_id_set(x: Any, name: str) -> set[int]:
     return out
 
 
-# what the generation loop passes to every draft call itself
-_LOOP_DRAFT_ARGS = ("input_ids", "cache", "weights", "sampling", "padded", "cache_max_length", "backend",
-                    "check_token_range")
+# what the generation loop passes to every draft call itself (cfg and features_concat positionally)
+_LOOP_DRAFT_ARGS = ("cfg", "features_concat", "input_ids", "cache", "weights", "sampling", "padded",
+                    "cache_max_length", "backend", "check_token_range")
 
 
 def _check_draft_options(options: Any) -> dict[str, Any]:

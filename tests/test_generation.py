@@ -360,3 +360,6 @@ def test_draft_options_reach_every_draft_call(pair, monkeypatch):
         SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options=["mode"])
     with pytest.raises(InputError, match=r"draft_options cannot set \['cache', 'sampling'\]"):
         SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"sampling": True, "cache": None})
+    # the loop passes these two positionally: refused at construction, not a TypeError at the first draft
+    with pytest.raises(InputError, match=r"draft_options cannot set \['cfg', 'features_concat'\]"):
+        SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"features_concat": None, "cfg": cfg})
