@@ -979,8 +979,51 @@ try:  # the division helper alone, in a one-phase kernel
         g = tl.load(g_ptr + offs, mask=m, other=0.0)
         tl.store(y_ptr + offs, K_._silu_rn(g), mask=m)
         tl.store(ref_ptr + offs, tl.math.div_rn(g, 1.0 + tl.exp(-g)), mask=m)
+
+    @triton.jit
+    def _top_n_probe(v_ptr, valid_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        r = tl.arange(0, BLOCK)
+        valid = tl.load(valid_ptr + r) != 0
+        v = tl.load(v_ptr + r)
+        tl.store(out_ptr + r, K_._top_n_mask(v, valid, n).to(tl.int32))
 except ImportError:  # the module's skip marker covers a missing triton
-    _div_probe = _lm_stats_probe = _silu_probe = None
+    _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = None
+
+
+def test_top_n_mask_selects_the_n_largest_keys():
+    """FINAL's selection (``_top_n_mask``, a radix select over the values' 32-bit images) picks
+    the same set as the n largest 64-bit ranking keys (value, then lower index): values drawn
+    from a few bf16 levels (long runs of ties at the threshold), +0 and -0, infinities, random
+    fp32 bit patterns, masked entries, and n at or beyond the number of valid entries."""
+    g = torch.Generator().manual_seed(5)
+    block = 256
+    levels = torch.tensor([-float("inf"), -3.5, -1.0, -0.0, 0.0, 0.25, 2.0, float("inf")])
+    cases = []
+    for trial in range(24):
+        kind = trial % 3
+        if kind == 0:  # a few levels: many ties
+            v = levels[torch.randint(0, len(levels), (block,), generator=g)]
+        elif kind == 1:  # bf16-rounded normals
+            v = torch.randn(block, generator=g).to(torch.bfloat16).float()
+        else:  # any finite fp32 bit pattern
+            bits = torch.randint(-2**31, 2**31, (block,), generator=g, dtype=torch.int64).to(torch.int32)
+            v = bits.view(torch.float32)
+            v = torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+        valid = torch.rand(block, generator=g) < (1.0 if trial % 4 == 0 else 0.7)
+        nv = int(valid.sum())
+        for n in (1, 59, nv - 1, nv, nv + 3):
+            if n >= 1:
+                cases.append((v, valid, n))
+    for v, valid, n in cases:
+        out = torch.zeros(block, dtype=torch.int32, device=DEVICE)
+        _top_n_probe[(1,)](v.to(DEVICE), valid.to(torch.int32).to(DEVICE), out, n, BLOCK=block)
+        b = v.view(torch.int32).to(torch.int64)
+        b = torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+        key = (b << 32) | (0x7FFFFFFF - torch.arange(block))
+        key = torch.where(valid, key, torch.full_like(key, -2**63))
+        want = torch.zeros(block, dtype=torch.bool)
+        want[key.argsort(descending=True)[:min(n, int(valid.sum()))]] = True
+        assert torch.equal(out.cpu().bool(), want), (n, int(valid.sum()))
 
 
 def _div_on_device(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

@@ -1133,6 +1133,35 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
 
 
 @triton.jit
+def _top_n_mask(v, valid, n):
+    """Which of the fp32 values ``v`` [BLOCK] (where ``valid``) are among the ``n`` largest, ties
+    to the lower index: the set of the n largest ``_key(v, index)``s. A radix select: the
+    threshold value's order-preserving 32-bit image is found 4 bits at a time, from the top
+    (per digit, a 16-bin count of the values that share the digits found so far), and the values
+    equal to it are taken in index order. Eight block-wide counts instead of n rounds of a
+    block-wide 64-bit max."""
+    b = v.to(tl.int32, bitcast=True)
+    b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # signed, ordered as the values (as in _key)
+    u = (b ^ -0x80000000).to(tl.uint32, bitcast=True)  # unsigned, the same order
+    bins = tl.arange(0, 16)
+    need = n + 0 * tl.sum(valid.to(tl.int32), axis=0)  # values still to take among those matching
+    pre = tl.zeros_like(u).max(axis=0)  # the digits found so far (uint32 0)
+    for p in range(8):  # a loop, not unrolled: the code stays small (it shares the persistent build)
+        pt = tl.full([], 0, tl.int32) + p  # a tensor also under the interpreter (p is an int there)
+        d = ((u >> (28 - 4 * pt).to(tl.uint32)) & 15).to(tl.int32)
+        top = u >> tl.minimum(32 - 4 * pt, 31).to(tl.uint32)  # the digits above this one (p > 0)
+        match = valid & ((pt == 0) | (top == pre))
+        cnt = tl.sum((match[:, None] & (d[:, None] == bins[None, :])).to(tl.int32), axis=0)  # [16]
+        ge = tl.sum(tl.where(bins[None, :] >= bins[:, None], cnt[None, :], 0), axis=1)  # [16]: digit >= j
+        dig = tl.max(tl.where(ge >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > dig, cnt, 0), axis=0)
+        pre = (pre << 4) | dig.to(tl.uint32)
+    eq = valid & (u == pre)
+    take = valid & ((u > pre) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need)))
+    return tl.where(tl.sum(valid.to(tl.int32), axis=0) <= n, valid, take)
+
+
+@triton.jit
 def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
               out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr, out_pos_ptr, out_ret_ptr, out_leaf_ptr,
               BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -1144,13 +1173,7 @@ def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_p
     rc = tl.arange(0, BLOCK_C)
     cm = rc < C
     cs = tl.load(cand_score_ptr + rc, mask=cm, other=0.0, cache_modifier=".cg")
-    keys = tl.where(cm, _key(cs, rc), KEY_NONE)
-    rest = keys
-    thr = tl.max(rest, axis=0)
-    for _j in range(T - 1):  # the (T-1)-th largest key is the selection threshold
-        thr = tl.max(rest, axis=0)
-        rest = tl.where(rest == thr, KEY_NONE, rest)
-    chosen = (keys >= thr) & cm
+    chosen = _top_n_mask(cs, cm, T - 1)
     ch = chosen.to(tl.int32)
     incl = tl.cumsum(ch, axis=0)
     tl.store(cnt_ptr + rc, incl - ch)  # number of chosen candidates below each index
