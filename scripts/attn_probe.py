@@ -28,10 +28,10 @@ PROBES = '''
 
 @triton.jit
 def probe_fused(B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride, n_anc,
-                NH, NKV, HD, sqrt_d, ao_ptr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                IEEE: tl.constexpr, VEC: tl.constexpr):
+                NH, NKV, HD, sqrt_d, ao_ptr, SK, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr):
     _ph_attn_fused(tl.program_id(0), tl.num_programs(0), B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr,
-                   t_head_stride, anc_ptr, anc_stride, n_anc, NH, NKV, HD, sqrt_d, ao_ptr, BLOCK_Q, BLOCK_N,
+                   t_head_stride, anc_ptr, anc_stride, SK, n_anc, NH, NKV, HD, sqrt_d, ao_ptr, BLOCK_Q, BLOCK_N,
                    BLOCK_D, IEEE, VEC)
 
 
@@ -170,7 +170,7 @@ def main():
         empty = graph_time_us(lambda: mod.probe_empty[grid](v["sync_ptr"]))
         out = [f"{name:16s} empty {empty:5.1f}"]
         if fused:
-            f = lambda: mod.probe_fused[grid](*common, v["ao_ptr"], v["BLOCK_Q"], bn or v["BLOCK_NF"], v["BLOCK_D"],
+            f = lambda: mod.probe_fused[grid](*common, v["ao_ptr"], v["SK"], v["BLOCK_Q"], bn or v["BLOCK_NF"], v["BLOCK_D"],
                                               v["IEEE"], v["VEC_KV"], **opt)
             out.append(f"fused {graph_time_us(f):6.1f}")
         else:

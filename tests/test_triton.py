@@ -348,6 +348,35 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
+def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref():
+    """The fused (batched) attention takes a sequence's tree keys of every depth so far as
+    dense blocks masked to each row's ancestors: with depth 5 and top_k 4 the deepest step has
+    24 tree keys, more than one block of 16 (the interpreter's), and each sequence of a ragged
+    batch must still draft what torch_ref drafts for it alone."""
+    from frontier.backends.triton.launch import Drafter
+
+    cfg = random_config(total_token=20, depth=5, top_k=4, vocab_size=56, target_vocab_size=100)
+    w = random_weights(cfg, seed=57, lm_head_scale=6.0, device=DEVICE)
+    seqs, g = _ragged(cfg, 58, batch=3, lo=2, hi=9)
+    p = Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(3)
+    assert p.fused and (cfg.depth + 1) * cfg.top_k > p.const["BLOCK_NF"]
+    _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
+
+
+def test_batched_attention_takes_ancestors_as_blocks_or_gathers_alike():
+    """``Tuning.tree_blocks`` (blocks in step launches, one gathered key per row and depth in the
+    persistent launch, by default): both forms draft the same trees (scores to fp32 rounding:
+    the dots sum in another order)."""
+    from frontier.backends.triton.launch import Tuning
+
+    cfg = random_config(total_token=20, depth=5, top_k=4, vocab_size=56, target_vocab_size=100)
+    w = random_weights(cfg, seed=59, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 60, batch=3, lo=2, hi=9)
+    blocks = _draft_tuned(cfg, w, seqs, Tuning(tree_blocks=True))[1]
+    _assert_same_launch(blocks, _draft_tuned(cfg, w, seqs, Tuning())[1])  # steps: blocks by default
+    _assert_same_launch(blocks, _draft_tuned(cfg, w, seqs, Tuning(tree_blocks=False))[1])
+
+
 def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
     """One launch (``mode``: "steps", or "persistent" on a GPU, with ``timing`` stamps) of the
     ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the drafter and (tokens, parents,

@@ -586,19 +586,28 @@ def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr
 
 @triton.jit
 def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                TREE: tl.constexpr = False, slot0=0, anc_b=0, r_of=0, qmask=0, anc_stride=0, R=1):
     """Scores [BLOCK_Q, BLOCK_N] of every query against context keys j0..j0+BLOCK_N-1, rounded
-    like the reference: ``round(round(q @ k^T) / sqrt(d))``."""
+    like the reference: ``round(round(q @ k^T) / sqrt(d))``. TREE: the keys are instead the
+    sequence's tree keys j (slot slot0 + j of the tree scratch: depth j // R, row j % R), and a
+    score is kept only where key j is the query row's ancestor (or itself) at that depth, as the
+    ancestor table says - the tree mask, for all depths in one block."""
     rj = j0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
-    k = tl.load(ck_ptr + g * c_head_stride + rj[None, :] * HD + rd[:, None],
+    k = tl.load(ck_ptr + g * c_head_stride + (slot0 + rj)[None, :] * HD + rd[:, None],
                 mask=(rd[:, None] < HD) & (rj[None, :] < nctx), other=0.0, cache_modifier=".cg")
     if IEEE:
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
     s = _div_rn_by(s.to(DT).to(tl.float32), sqrt_d, _recip_rn(sqrt_d)).to(DT).to(tl.float32)
-    return tl.where((rj < nctx)[None, :], s, float("-inf")), rj
+    keep = (rj < nctx)[None, :]
+    if TREE:
+        anc = tl.load(anc_b + r_of[:, None] * anc_stride + (rj // R)[None, :], mask=qmask[:, None] & keep, other=-1,
+                      cache_modifier=".cg")
+        keep = keep & (anc == (slot0 + rj)[None, :])
+    return tl.where(keep, s, float("-inf")), rj
 
 
 @triton.jit
@@ -637,10 +646,13 @@ def _seq_cache(meta_ptr, b, kv_ptr, HD, VEC: tl.constexpr):
 
 @triton.jit
 def _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    """Running max / sum of exp of the scores against context keys [j_lo, j_hi)."""
-    for j0 in range(j_lo, j_hi, BLOCK_N):
-        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+               TREE: tl.constexpr = False, slot0=0, anc_b=0, r_of=0, qmask=0, anc_stride=0, R=1):
+    """Running max / sum of exp of the scores against context keys [j_lo, j_hi) (TREE: the
+    sequence's tree keys, masked to each row's ancestors; see ``_ctx_scores``)."""
+    for j0 in tl.range(j_lo, j_hi, BLOCK_N, num_stages=1 if TREE else None):  # (a block or two of tree keys)
+        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE,
+                            TREE, slot0, anc_b, r_of, qmask, anc_stride, R)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), axis=1)
@@ -662,15 +674,18 @@ def _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_s
 
 @triton.jit
 def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+            TREE: tl.constexpr = False, slot0=0, anc_b=0, r_of=0, qmask=0, anc_stride=0, R=1):
     """acc += P V over context keys [j_lo, j_hi), P = round_dtype(exp(s - m) / l) with the
-    row's final max m and sum l (the reference casts softmax's output before ``@ V``)."""
+    row's final max m and sum l (the reference casts softmax's output before ``@ V``). TREE: over
+    the sequence's tree keys instead, masked to each row's ancestors (``_ctx_scores``)."""
     rd = tl.arange(0, BLOCK_D)
     inv_l = _recip_rn(l_i)
-    for j0 in range(j_lo, j_hi, BLOCK_N):
-        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
+    for j0 in tl.range(j_lo, j_hi, BLOCK_N, num_stages=1 if TREE else None):  # (a block or two of tree keys)
+        s, rj = _ctx_scores(q, ck_ptr, g, c_head_stride, j0, j_hi, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE,
+                            TREE, slot0, anc_b, r_of, qmask, anc_stride, R)
         p = _div_rn_by(tl.exp(s - m_i[:, None]), l_i[:, None], inv_l[:, None]).to(DT)
-        v = tl.load(cv_ptr + g * c_head_stride + rj[:, None] * HD + rd[None, :],
+        v = tl.load(cv_ptr + g * c_head_stride + (slot0 + rj)[:, None] * HD + rd[None, :],
                     mask=(rj < j_hi)[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg")
         acc = _mma(p, v, acc, IEEE)
     return acc
@@ -779,13 +794,17 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
 
 @triton.jit
 def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride,
-                   n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
+                   SK, n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
                    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-                   VEC: tl.constexpr = 1):
+                   VEC: tl.constexpr = 1, TREE_BLOCKS: tl.constexpr = True):
     """Attention in one phase (big batches, where B*NKV items already fill the grid): item
     (sequence b, KV head g) walks its whole context twice - max and sum of exp, then the
-    probabilities rounded to the compute dtype times V - plus the rows' ancestor slots, and
-    writes the attention output rows itself (no partials, no extra barriers)."""
+    probabilities rounded to the compute dtype times V - and after it, the same way, its rows'
+    ancestors; it writes the attention output rows itself (no partials, no extra barriers).
+    TREE_BLOCKS: the ancestors as the sequence's tree keys of depths 0..n_anc-1 (slots b*SK..,
+    the R rows of each depth) in dense blocks masked to each row's ancestors (two blocks' dots
+    per pass at the 8B preset); otherwise one gathered key per row and depth (n_anc dependent
+    steps per pass). The launcher picks per launch mode (``Tuning.tree_blocks``)."""
     DT = qr_ptr.dtype.element_ty
     rd = tl.arange(0, BLOCK_D)
     dm = rd < HD
@@ -796,14 +815,23 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
             b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD, BLOCK_Q, BLOCK_D, VEC)
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
+        nt = n_anc * R  # the tree keys of depths 0..n_anc-1
         m_i, l_i = _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE)
-        m_i, l_i = _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d,
-                               HD, DT, BLOCK_D)
+        if TREE_BLOCKS:
+            m_i, l_i = _ctx_stats(q, m_i, l_i, tk_ptr, g, t_head_stride, 0, nt, sqrt_d, HD, DT, BLOCK_N, BLOCK_D, IEEE,
+                                  True, b * SK, anc_b, r_of, qmask, anc_stride, R)
+        else:
+            m_i, l_i = _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
+                                   sqrt_d, HD, DT, BLOCK_D)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
         acc = _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, 0, nctx, sqrt_d, HD, DT, BLOCK_N, BLOCK_D,
                       IEEE)
-        acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
-                       sqrt_d, HD, DT, BLOCK_D)
+        if TREE_BLOCKS:
+            acc = _ctx_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, g, t_head_stride, 0, nt, sqrt_d, HD, DT, BLOCK_N, BLOCK_D,
+                          IEEE, True, b * SK, anc_b, r_of, qmask, anc_stride, R)
+        else:
+            acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
+                           sqrt_d, HD, DT, BLOCK_D)
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
 
 
@@ -1334,7 +1362,7 @@ def drafter_kernel(
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
     BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, PHASE: tl.constexpr = -1,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1360,6 +1388,8 @@ def drafter_kernel(
     PHASE >= 0 (step launches, one schedule entry each): the kernel is built for that phase
     alone - the phase switch below is decided at compile time, so the build holds one phase's
     code and gets that phase's own register allocation.
+    TREE_BLOCKS: how the fused attention (batched launches) takes the rows' ancestors
+    (``_ph_attn_fused``).
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1463,8 +1493,8 @@ def drafter_kernel(
                               apm_ptr, apl_ptr, aacc_ptr, NCH, 2, BLOCK_Q, BLOCK_NA, BLOCK_D, BLOCK_CH, IEEE, VEC_KV)
         elif ph == 21:  # PH_ATTN_F
             _ph_attn_fused(pid, nprog, B, tl.where(is_ctx, 1, K), meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, B * SK * HD,
-                           anc_ptr, BLOCK_A, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
-                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE, VEC_KV)
+                           anc_ptr, BLOCK_A, SK, tl.where(is_ctx, 0, i + 1), NH, NKV, HD, sqrt_d, ao_ptr,
+                           BLOCK_Q, BLOCK_NF, BLOCK_D, IEEE, VEC_KV, TREE_BLOCKS)
         elif ph == 17:  # PH_ATTN3
             _ph_attn_sum(pid, nprog, B, tl.where(is_ctx, 1, K), ao_ptr, aacc_ptr, NH, NKV, HD, NCH,
                          tl.where(is_ctx, 0, i + 1), BLOCK_Q, BLOCK_D, 16)

@@ -184,6 +184,14 @@ class Tuning:
     pdl: bool = True
     pdl_trigger: str = "small"
     pdl_max_grid: int = 32
+    # the fused (batched) attention's ancestors (kernels._ph_attn_fused): as dense blocks of the
+    # sequence's tree keys masked to each row's ancestors, or one gathered key per row and depth.
+    # None: blocks in step launches, gathers in the persistent launch. Seventeenth session, H200,
+    # 8B depth 7, device ms, blocks vs gathers: graph batch 16 3.328 / 3.326 vs 3.376 / 3.380
+    # (attention 0.324 vs 0.369 ms per call), batch 64 11.339 / 11.339 vs 11.566 / 11.562; the
+    # persistent launch slower with blocks (batch 16 4.265 / 4.270 vs 4.212 / 4.222, batch 64
+    # 13.19 / 13.23 vs 13.08 / 13.06)
+    tree_blocks: Optional[bool] = None
 
     PDL_TRIGGERS = ("start", "end", "streams_end", "small", "small_only")
 
@@ -655,8 +663,9 @@ class Drafter:
             ws.part = torch.empty(p.part_elems * ws.mr, dtype=torch.float32, device=self.device)
         args[self._PART_ARG] = ws.part if p.wide else dummy
         vec = self.vec16(lw, seqs)
+        tb = self.tuning.tree_blocks
         const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
-                     HAS_FCB=weights.fc_bias is not None)
+                     HAS_FCB=weights.fc_bias is not None, TREE_BLOCKS=mode != "persistent" if tb is None else tb)
         if mode == "persistent":
             args[1] = self.n_steps
             const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=int(timing), launch_cooperative_grid=True)
