@@ -479,8 +479,8 @@ class Drafter:
         Triton's pointer specialisation never changes between calls) and build the metadata:
         int64 [B * META_W + N] = per-sequence rows (the call's N in each), then each packed row's
         sequence. The kernel addresses every sequence's cache from one base pointer (the lowest
-        of the caches' K/V storages) plus per-sequence element offsets. Returns (metadata on the device, the kv base
-        tensor, N)."""
+        of the caches' K/V storages) plus per-sequence element offsets. Returns (metadata on the
+        device, the kv base tensor, N)."""
         ws = self.ws
         el = self.dtype.itemsize
         # layer 0 of each K / V storage starts at the storage's own address (no per-call views)
