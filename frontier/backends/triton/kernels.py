@@ -1162,7 +1162,7 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
 
 @triton.jit
 def _top_n_mask(v, valid, n):
-    """Which of the fp32 values ``v`` [BLOCK] (where ``valid``) are among the ``n`` largest, ties
+    """Which of the fp32 values ``v`` (one block; where ``valid``) are among the ``n`` largest, ties
     to the lower index: the set of the n largest ``_key(v, index)``s. A radix select: the
     threshold value's order-preserving 32-bit image is found 4 bits at a time, from the top
     (per digit, a 16-bin count of the values that share the digits found so far), and the values
@@ -1172,8 +1172,8 @@ def _top_n_mask(v, valid, n):
     b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)  # signed, ordered as the values (as in _key)
     u = (b ^ -0x80000000).to(tl.uint32, bitcast=True)  # unsigned, the same order
     bins = tl.arange(0, 16)
-    need = n + 0 * tl.sum(valid.to(tl.int32), axis=0)  # values still to take among those matching
-    pre = tl.zeros_like(u).max(axis=0)  # the digits found so far (uint32 0)
+    need = tl.full([], 0, tl.int32) + n  # values still to take among those matching
+    pre = tl.full([], 0, tl.uint32)  # the digits found so far
     for p in range(8):  # a loop, not unrolled: the code stays small (it shares the persistent build)
         pt = tl.full([], 0, tl.int32) + p  # a tensor also under the interpreter (p is an int there)
         d = ((u >> (28 - 4 * pt).to(tl.uint32)) & 15).to(tl.int32)
