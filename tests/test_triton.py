@@ -640,8 +640,9 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     on a 12-program grid a ragged batch of 3 (split and fused attention, the hidden-half QKV
     ahead for eagle3) drafts the same trees, scores and cache rows, bit for bit, as the whole
     phase switch on the full grid (several seeds; one head with a hidden size of 30 and 3 heads
-    over 1 KV head) - and SELECT / FINAL run one program per sequence, the weight streams and
-    MERGE on the whole grid."""
+    over 1 KV head) - and SELECT / FINAL run one program per sequence, the weight streams on the
+    whole grid, MERGE on the whole grid where it streams the next depth's QKV and else one
+    program per row."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
@@ -656,7 +657,12 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     _assert_same_bits(new, old)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
     assert grids[K_.PH_SELECT] == grids[K_.PH_FINAL] == 3
-    assert grids[K_.PH_LMHEAD] == grids[K_.PH_MERGE] == grids[K_.PH_GATEUP] == 12
+    assert grids[K_.PH_LMHEAD] == grids[K_.PH_GATEUP] == 12
+    merges = [(code % 256, g) for code, g in zip(d.schedule_list, d.step_grid_list) if code // 256 == K_.PH_MERGE]
+    for i, g in merges:  # the whole grid where it streams the next depth's QKV, else one program per row
+        ahead = arch == "eagle3" and d.plan(3).qh and (i == K_.CTX_DEPTH or i + 1 < cfg.depth)
+        assert g == (12 if ahead else 3 if i == K_.CTX_DEPTH else 9), (i, g)
+    assert (arch == "eagle3") == any(g == 12 for _, g in merges)
     assert d.plan(3).fused == fused
     assert grids[K_.PH_ATTN_F if fused else K_.PH_ATTN] <= 12
 
@@ -1015,8 +1021,13 @@ try:  # the division helper alone, in a one-phase kernel
         valid = tl.load(valid_ptr + r) != 0
         v = tl.load(v_ptr + r)
         tl.store(out_ptr + r, K_._top_n_mask(v, valid, n).to(tl.int32))
+    @triton.jit
+    def _merge_probe(keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, dt_ptr, R, P, K, MR, KP: tl.constexpr,
+                     BLOCK_P: tl.constexpr, KEY32: tl.constexpr):
+        K_._ph_merge(tl.program_id(0), tl.num_programs(0), R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr,
+                     K, MR, KP, BLOCK_P, dt_ptr.dtype.element_ty, KEY32)
 except ImportError:  # the module's skip marker covers a missing triton
-    _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = None
+    _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = _merge_probe = None
 
 
 def test_top_n_mask_selects_the_n_largest_keys():
@@ -1153,6 +1164,97 @@ def test_lm_statistics_with_32_bit_keys_match_64_bit_keys_and_topk(seed, rows, v
         same = bits[:, 1:] == bits[:, :-1]
         assert (idx[:, 1:][same] > idx[:, :-1][same]).all()
         torch.testing.assert_close(outs[1][1].view(grid, rows)[p], sl.max(1).values)
+
+
+def _partials(lg: torch.Tensor, slab: int, K: int, KP: int, P: int):
+    """What the lm_head leaves for MERGE, built on the host from 16-bit logits [rows, V]: per
+    program p < P (slab p*slab..) and row, the slab's top-K as 64-bit ``_key``s (value as fp32,
+    then lower index; empty entries past the slab's end), its max and its sum of exp."""
+    rows, V = lg.shape
+    keys = torch.full((P, rows, KP), -0x7FFFFFFFFFFFFFFF, dtype=torch.int64)
+    mx = torch.full((P, rows), float("-inf"))
+    sm = torch.zeros(P, rows)
+    for p in range(P):
+        sl = lg[:, p * slab: (p + 1) * slab].float()
+        if sl.shape[1] == 0:
+            continue
+        b = sl.view(torch.int32).to(torch.int64)
+        b = torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+        key = (b << 32) | (0x7FFFFFFF - (p * slab + torch.arange(sl.shape[1])))
+        n = min(K, sl.shape[1])
+        keys[p, :, :n] = key.sort(dim=1, descending=True).values[:, :n]
+        mx[p] = sl.max(1).values
+        safe = torch.where(mx[p] == float("-inf"), 0.0, mx[p])  # (a slab of -inf logits sums to 0)
+        sm[p] = torch.exp(sl - safe[:, None]).sum(1)
+    return keys, mx, sm
+
+
+@pytest.mark.parametrize("seed,rows,vocab,P,grid", [(2, 7, 200, 5, 3), (9, 12, 77, 9, 16), (4, 3, 40, 4, 1)])
+def test_merge_with_32_bit_keys_matches_64_bit_keys(seed, rows, vocab, P, grid):
+    """MERGE (``kernels._ph_merge``) ranks the rows' candidates by 32-bit keys for 16-bit dtypes
+    (``Tuning.merge_key32``): its log-probs and tokens must be bit for bit those of the 64-bit
+    keys - with log-probs that tie after rounding (runs of equal and of nearly equal logits, so
+    the lower index must win), +0 beside -0, -inf, a last slab shorter than K (empty entries),
+    more programs than rows and fewer - and ranked: log-probs non-increasing, ties in index order."""
+    K, KP = 10, 16
+    g = torch.Generator().manual_seed(seed)
+    lg = (torch.randn(rows, vocab, generator=g) * 3).half()
+    lg[0, :30] = 20.0  # a tie wider than K, above every other logit
+    lg[1, ::2] = (4.0 + torch.arange(0, vocab, 2) * 1e-3).half()  # distinct logits, log-probs that round alike
+    lg[2, 5], lg[2, 9] = -0.0, 0.0
+    lg[2, 10:] = float("-inf")
+    slab = -(-vocab // P)
+    keys, mx, sm = _partials(lg, slab, K, KP, P)
+    # slots as the kernel lays them out: keys [program, MR rows, KP], max / sum [program, MR]
+    MR = rows + 1
+    pad = lambda t, fill: torch.cat([t, torch.full((P, 1) + t.shape[2:], fill, dtype=t.dtype)], 1)  # noqa: E731
+    kk, mm, ss = pad(keys, -0x7FFFFFFFFFFFFFFF), pad(mx, float("-inf")), pad(sm, 0.0)
+    outs = []
+    for key32 in (False, True):
+        lp = torch.zeros(rows * KP, device=DEVICE)
+        tok = torch.zeros(rows * KP, dtype=torch.int32, device=DEVICE)
+        _merge_probe[(grid,)](kk.to(DEVICE), mm.to(DEVICE), ss.to(DEVICE), lp, tok, torch.zeros(1, dtype=torch.float16,
+                              device=DEVICE), rows, P, K, MR, KP=KP, BLOCK_P=1 << (P - 1).bit_length(), KEY32=key32)
+        outs.append((lp.cpu().view(rows, KP)[:, :K], tok.cpu().view(rows, KP)[:, :K]))
+    assert torch.equal(outs[0][0].view(torch.int32), outs[1][0].view(torch.int32))
+    assert torch.equal(outs[0][1], outs[1][1])
+    lp, tok = outs[1]
+    assert torch.equal(lp, lp.half().float())  # rounded to the dtype
+    assert (lp[:, 1:] <= lp[:, :-1]).all()
+    tie = lp[:, 1:] == lp[:, :-1]
+    assert tie.any() and (tok[:, 1:][tie] > tok[:, :-1][tie]).all()
+    assert torch.equal(tok[0], torch.arange(K, dtype=torch.int32))  # the tie of the row's best logit
+    assert ((tok >= 0) & (tok < vocab)).all() and all(len(set(t.tolist())) == K for t in tok)
+
+
+def test_merge_keys_and_rows_in_a_launch_draft_the_same_bits():
+    """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with MERGE's
+    32-bit keys (``Tuning.merge_key32``) and its one program per row (``Tuning.merge_rows``,
+    step launches: more programs than the grid) as without either; the plan turns the 32-bit keys
+    off for fp32 and for vocabularies past 65536."""
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
+    w = random_weights(cfg, seed=47, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
+    seqs, _ = _ragged(cfg, 48, batch=3, lo=3, hi=9)
+    outs = []
+    for on in (False, True):
+        d, out = _draft_tuned(cfg, w, seqs, Tuning(merge_key32=on, merge_rows=on), mode="steps")
+        assert d.plan(len(seqs)).const["KEY32_MG"] == on
+        nb = len(seqs)
+        for c in d.schedule_list:  # the tree depths' MERGE: rows unless it streams the next QKV
+            if c // 256 == K_.PH_MERGE and c % 256 != K_.CTX_DEPTH:
+                ahead = c % 256 + 1 < cfg.depth and d.qkv_ahead(nb)
+                assert d.step_grid(c, nb, 9) == (nb * cfg.top_k if on and not ahead else d.grid)
+        outs.append(out)
+    _assert_same_bits(*outs)
+
+    def key32(dtype, vocab):
+        c = random_config(vocab_size=vocab, target_vocab_size=vocab)
+        return Drafter(c, dtype, torch.device("cpu"), Tuning(grid=2)).plan(1).const["KEY32_MG"]
+
+    assert key32(torch.bfloat16, 65536) and key32(torch.float16, 300)
+    assert not key32(torch.float32, 300) and not key32(torch.bfloat16, 65537)
 
 
 @pytest.mark.parametrize("wide", [True, False])

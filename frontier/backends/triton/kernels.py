@@ -1061,9 +1061,12 @@ def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
 
 @triton.jit
 def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
-              KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr):
-    """Per row: log-sum-exp from the partials, log-probs of the partial top lists rounded to
-    the compute dtype, and the row's top-K by (log-prob, lower index)."""
+              KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr, KEY32: tl.constexpr = False):
+    """Per row: log-sum-exp from the P partials, log-probs of the partial top lists rounded to
+    the compute dtype, and the row's top-K by (log-prob, lower index). KEY32 (16-bit dtypes,
+    vocabularies up to 65536): the K rounds of maxima rank 32-bit keys - the rounded log-prob's
+    16 bits, order-preserving, above 16 bits of 0xFFFF - index (``_keys16``) - in the same
+    order as the 64-bit ``_key``s, at half the width of every comparison and shuffle."""
     rp = tl.arange(0, BLOCK_P)
     pm = rp < P
     rk = tl.arange(0, KP)
@@ -1074,13 +1077,25 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
         scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
         logs = tl.log(tl.sum(psum * scale, axis=0))
         ks = tl.load(keys_ptr + rp[:, None] * MR * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
-        lp = ((_key_val(ks) - gmax) - logs).to(DT).to(tl.float32)
-        k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp, _key_idx(ks)))
-        for j in range(K):
-            best = tl.max(tl.max(k2, axis=1), axis=0)
-            tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
-            tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
-            k2 = tl.where(k2 == best, KEY_NONE, k2)
+        lp = ((_key_val(ks) - gmax) - logs).to(DT)
+        if KEY32:
+            k2 = _keys16(lp, _key_idx(ks).to(tl.int32), ks != KEY_NONE)
+            for j in range(K):
+                best = tl.max(tl.max(k2, axis=1), axis=0)
+                val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+                # (no candidate left, which a vocabulary of >= K entries never leaves: what the
+                # 64-bit ranking stores then)
+                wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
+                tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
+                tl.store(sel_tok_ptr + r * KP + j, _key_idx(wide))
+                k2 = tl.where(k2 == best, KEY32_NONE, k2)
+        else:
+            k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp.to(tl.float32), _key_idx(ks)))
+            for j in range(K):
+                best = tl.max(tl.max(k2, axis=1), axis=0)
+                tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
+                tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
+                k2 = tl.where(k2 == best, KEY_NONE, k2)
 
 
 @triton.jit
@@ -1361,7 +1376,8 @@ def drafter_kernel(
     QH: tl.constexpr = False, BNS_QH: tl.constexpr = 16, BK_QH: tl.constexpr = 16, VEC_QH: tl.constexpr = 1,
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
-    BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, PHASE: tl.constexpr = -1,
+    BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, KEY32_MG: tl.constexpr = False,
+    PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
@@ -1548,9 +1564,9 @@ def drafter_kernel(
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM)
-        elif ph == 13:  # PH_MERGE (P = the lm_head grid = this grid)
-            _ph_merge(pid, nprog, m_out, nprog, lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
-                      KP, BLOCK_P, DT)
+        elif ph == 13:  # PH_MERGE (partials: the lm_head programs whose slab holds vocabulary rows)
+            _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
+                      MR, KP, BLOCK_P, DT, KEY32_MG)
             if QH and ahead:
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
                                BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)

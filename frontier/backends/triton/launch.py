@@ -164,6 +164,15 @@ class Tuning:
     # us; 64 rows: 46.1)
     lm_stat_rows: int = 32
     lm_key32: bool = True
+    # MERGE (kernels._ph_merge): with 16-bit dtypes and vocabularies up to 65536, 32-bit ranking
+    # keys in its K rounds of maxima; and in step launches, when it streams nothing (no QKV
+    # ahead), one program per row, so that no program merges two rows one after the other
+    # (batch 16: 160 tree rows on a 132-program grid). Eighteenth session, H200, 8B depth 7,
+    # device ms, both vs neither: graph batch 16 3.237 / 3.237 vs 3.369 / 3.372 (MERGE per call
+    # 0.135 -> 0.052), batch 64 11.085 / 11.069 vs 11.363 / 11.356; persistent batch 16 4.103 /
+    # 4.108 vs 4.224 / 4.215, batch 1 2.372 / 2.369 vs 2.394 / 2.394
+    merge_key32: bool = True
+    merge_rows: bool = True
     # step launches (mode="steps", and the CUDA graph of mode="graph"): each launch is the kernel
     # built for its schedule entry's phase alone (kernel constexpr PHASE), instead of the whole
     # phase switch with its shared register allocation
@@ -578,6 +587,7 @@ class Drafter:
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
+            KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -588,7 +598,7 @@ class Drafter:
             BLOCK_Q=bs["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
             BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16,
             BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=bs["block_a"], BLOCK_K=_pow2(cfg.top_k),
-            BLOCK_P=_pow2(self.grid), BLOCK_C=bs["block_c"],
+            BLOCK_P=_pow2(-(-cfg.vocab_size // rp_lm)), BLOCK_C=bs["block_c"],
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),
             num_warps=tn.wide_num_warps if wide else tn.num_warps, num_stages=tn.num_stages,
             # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
@@ -768,7 +778,9 @@ class Drafter:
         post-attention norm) or attention parts - launch at most one program per item; the
         weight streams (their slabs are sized for the whole grid), MERGE (one partial per
         lm_head program) and the final norm (its second half is placed after the rows'
-        programs) keep the grid."""
+        programs) keep the grid. MERGE when it streams no QKV ahead (``Tuning.merge_rows``) gets
+        one program per row, more than the grid where there are more rows (its build is small:
+        several programs fit on an SM, so no program merges two rows in turn)."""
         if not self.tuning.step_grids:
             return self.grid
         ph, i = divmod(code, 256)
@@ -782,6 +794,10 @@ class Drafter:
             K_.PH_NORM_POST: nb if ctx else nb * cfg.top_k, K_.PH_ATTN: kv * parts, K_.PH_ATTN2: kv * parts,
             K_.PH_ATTN3: kv * (Workspace.block_sizes(cfg)["block_q"] // 16), K_.PH_ATTN_F: kv,
         }.get(ph)
+        if ph == K_.PH_MERGE and self.tuning.merge_rows:
+            ahead = (ctx and cfg.depth > 0) or (not ctx and i + 1 < cfg.depth)
+            if not (ahead and self.qkv_ahead(nb)):
+                return max(1, nb if ctx else nb * cfg.top_k)
         return self.grid if items is None else max(1, min(self.grid, items))
 
     def _launch_steps(self, args, const, shape: tuple[int, int], step_hook=None) -> None:
