@@ -348,6 +348,39 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_wide_launch_context_tile_matches_torch_ref(arch, monkeypatch):
+    """Wide launches run the context step's fc and QKV on their own smaller activation tile
+    (``Tuning.ctx_rows``: BMC rows, own k-chunks and fold) when the call's new rows fit in it,
+    and on the wide tile otherwise (the kernel chooses at run time): a first call of 21+ new rows
+    (the wide tile) and later calls of at most 15 (the small one), each sequence as torch_ref
+    drafts it alone."""
+    from frontier.backends.triton.backend import TritonBackend
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    over = dict(total_token=14, depth=3, top_k=8, vocab_size=56)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 120
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=63, lm_head_scale=6.0, device=DEVICE)
+    seqs, g = _ragged(cfg, 64, batch=3, lo=7, hi=12)
+    tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, ctx_rows=2)
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    c = d.plan(3).const
+    assert c["BMP"] == 32 and c["BMC"] == 16 and c["BK_FCC"] >= 16
+    calls = []
+    real = Drafter.run_batch
+
+    def run_batch(self, weights, sq, *a, **kw):
+        calls.append(sum(x.n for x in sq))
+        return real(self, weights, sq, *a, **kw)
+
+    monkeypatch.setattr(Drafter, "run_batch", run_batch)
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+    _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
+    assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
+
+
 def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref():
     """The fused (batched) attention takes a sequence's tree keys of every depth so far as
     dense blocks masked to each row's ancestors: with depth 5 and top_k 4 the deepest step has

@@ -337,6 +337,28 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
 
 
 @triton.jit
+def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, b_ptr, w2_ptr, w3_ptr, N2,
+                   RP, MODE: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, ST: tl.constexpr,
+                   BMP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr, STF: tl.constexpr,
+                   BMC: tl.constexpr, BNSC: tl.constexpr, BKC: tl.constexpr, FOLDC: tl.constexpr,
+                   STFC: tl.constexpr):
+    """``_ph_linear`` (no residual) over the context step's new rows with the launch's tile BMP,
+    or, where the launcher made a smaller one (BMC > 0, wide launches) and the rows fit in it
+    (``small``, a run-time condition), with that tile and its own sub-slab, k-chunk and fold:
+    the wide tile's padding and its short k-chunks cost batch 16's context fc 3x its stream."""
+    if BMC > 0:
+        if small:
+            _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMC, BNSC, BKC, IEEE, VEC, ST, FOLD=FOLDC, STF=STFC)
+        else:
+            _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+    else:
+        _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                   w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+
+
+@triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
                      QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                      VEC: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
@@ -1377,7 +1399,8 @@ def drafter_kernel(
     ST_LIN: tl.constexpr = 3, ST_GU: tl.constexpr = 3, ST_LM: tl.constexpr = 3, BAR: tl.constexpr = 0,
     FOLD_FC: tl.constexpr = 1, FOLD_O: tl.constexpr = 1, FOLD_D: tl.constexpr = 1, ST_FOLD: tl.constexpr = 0,
     BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, KEY32_MG: tl.constexpr = False,
-    PHASE: tl.constexpr = -1,
+    BMC: tl.constexpr = 0, BNS_FCC: tl.constexpr = 16, BK_FCC: tl.constexpr = 16, FOLD_FCC: tl.constexpr = 1,
+    ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
@@ -1445,17 +1468,22 @@ def drafter_kernel(
         N = tl.load(meta_ptr + META_ROWS).to(tl.int32)
         m_in = tl.where(is_ctx, N, B * K)
         m_out = tl.where(is_ctx, B, B * K)
+        # wide launches: the context step's fc and QKV on a tile of BMC rows when the call's new
+        # rows fit in it (a run-time choice; both forms are built)
+        small = is_ctx & (N <= BMC)
         if ph == 0:  # PH_FC
             if EAGLE3:
-                _ph_linear(pid, nprog, feat_ptr, F, N, fcw_ptr, H, F, F, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                           fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC, STF=ST_FOLD)
+                _ph_linear_ctx(pid, nprog, small, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, fcb_ptr, fcw_ptr, fcw_ptr,
+                               0, RP_FC, 0, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD, BMC, BNS_FCC,
+                               BK_FCC, FOLD_FCC, ST_FCC)
+            elif HAS_FCB:  # (eagle2: fc at every depth; MODE 2 adds its bias)
+                _ph_linear_ctx(pid, nprog, small, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, fcb_ptr,
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD,
+                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC)
             else:
-                if HAS_FCB:
-                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 2, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC, STF=ST_FOLD)
-                else:
-                    _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, 2 * H, hcur_ptr, H, hcur_ptr, H, fcb_ptr,
-                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, BMP, BNS_FC, BK_FC, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_FC, STF=ST_FOLD)
+                _ph_linear_ctx(pid, nprog, small, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, fcb_ptr,
+                               fcw_ptr, fcw_ptr, 0, RP_FC, 0, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD,
+                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC)
         elif ph == 1:  # PH_PREP3 (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -1487,8 +1515,9 @@ def drafter_kernel(
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, H, qkv_ptr, NQ + 2 * NKVD, qh_ptr,
                            NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
             else:
-                _ph_linear(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, k_a, qkv_ptr, NQ + 2 * NKVD, qkv_ptr, H,
-                           fcb_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 4, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
+                _ph_linear_ctx(pid, nprog, small, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, fcb_ptr,
+                               wk_ptr, wv_ptr, NKVD, RP_QKV, 4, IEEE, VEC_W, ST_LIN, BMP, BNS_QKV, BK_QKV, 1, 0, BMC,
+                               BNS_QKVC, BK_QKVC, 1, 0)
         elif ph == 5:  # PH_ROPE
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,

@@ -173,6 +173,15 @@ class Tuning:
     # 4.108 vs 4.224 / 4.215, batch 1 2.372 / 2.369 vs 2.394 / 2.394
     merge_key32: bool = True
     merge_rows: bool = True
+    # wide launches: the context step's fc and QKV (the phases over the call's N new rows) take
+    # an activation tile of pow2(batch x ctx_rows) rows (at least 16) with its own k-chunk and
+    # fold, whenever N fits in it (the kernel picks at run time; more rows take the tree rows'
+    # wide tile, so a long prompt does not stream the weights once per small tile); 0: off.
+    # The wide tile (256 rows at batch 16) cut the fc's k-chunk to 128 columns of 32 rows.
+    # Eighteenth session, H200, 8B depth 7 (4 new rows per sequence), device ms, ctx_rows 4 vs 0:
+    # graph batch 16 3.136 / 3.135 vs 3.248 / 3.238 (context fc 0.108 -> 0.038 ms, QKV 0.069 ->
+    # 0.033); persistent batch 16 4.027 / 4.036 vs 4.133 / 4.123
+    ctx_rows: int = 4
     # step launches (mode="steps", and the CUDA graph of mode="graph"): each launch is the kernel
     # built for its schedule entry's phase alone (kernel constexpr PHASE), instead of the whole
     # phase switch with its shared register allocation
@@ -576,6 +585,26 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
+        # the context step's small tile (Tuning.ctx_rows): its own sub-slabs, k-chunks and fold
+        bmc = max(16, _pow2(nb * tn.ctx_rows)) if wide and tn.ctx_rows > 0 else 0
+        if bmc >= bmp:
+            bmc = 0
+        bns_fcc = bk_fcc = bns_qkvc = bk_qkvc = 16
+        fold_c, st_fc_c = 1, st_lin
+        if bmc:
+            _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True, stages=st_lin)
+            f = tn.lin_fold
+            while f > 1 and (bk_fcc % f or bk_fcc // f < 16 or f * f * bns_fcc * bmc > 4 * tn.acc_elems):
+                f //= 2
+            fold_c = max(f, 1)
+            if fold_c > 1 and bmc >= 64 and tn.fold_stages:
+                st_fc_c = tn.fold_stages
+                _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
+                                          stages=st_fc_c)
+                while fold_c > 1 and (bk_fcc % fold_c or bk_fcc // fold_c < 16):
+                    fold_c //= 2
+            _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
+                                        stages=st_lin)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
         folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
         st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
@@ -585,6 +614,8 @@ class Drafter:
         bs = Workspace.block_sizes(cfg)
         const = dict(
             QH=qh, BNS_QH=bns_qh, BK_QH=bk_qh, ST_LIN=st_lin, ST_GU=st_gu, ST_LM=st_lm, BAR=tn.barrier,
+            BMC=bmc, BNS_FCC=bns_fcc, BK_FCC=bk_fcc, FOLD_FCC=fold_c, ST_FCC=st_fc_c, BNS_QKVC=bns_qkvc,
+            BK_QKVC=bk_qkvc,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536,
