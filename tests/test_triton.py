@@ -479,6 +479,39 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
 
 
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch):
+    """Wide launches let the phase after each split-K phase sum its partials itself - RoPE the
+    QKV's, the post-attention norm the o_proj's, eagle3's final norm down's
+    (``Tuning.inline_sums``) - so those reductions are no phases of their own: the same trees,
+    scores and cache rows, bit for bit, as with the reduction phases, in step launches (one
+    program per row) and with the whole phase switch on the grid."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import Tuning
+
+    over = dict(total_token=18, depth=2, top_k=4, vocab_size=90)
+    if arch == "eagle3":
+        over["target_vocab_size"] = 150
+    cfg = random_config(architecture=arch, **over)
+    w = random_weights(cfg, seed=67, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, 68, batch=5, lo=3, hi=9)
+    wide = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64)
+    outs = []
+    for tn in (Tuning(inline_sums=False, **wide), Tuning(**wide), Tuning(phase_kernels=False, step_grids=False, **wide)):
+        d, out = _draft_tuned(cfg, w, seqs, tn)
+        sched = [c // 256 for c in d.schedule_list]
+        assert d.plan(len(seqs)).wide
+        assert (K_.PH_RED_QKV in sched) == (K_.PH_RED_O in sched) == (not tn.inline_sums)
+        assert (K_.PH_RED_D in sched) == (not tn.inline_sums or arch == "eagle2")
+        tree_norms = [g for c, g in zip(d.schedule_list, d.step_grid_list)
+                      if c // 256 in (K_.PH_ROPE, K_.PH_NORM_POST) and c % 256 != K_.CTX_DEPTH]
+        assert tree_norms and all(g == (len(seqs) * cfg.top_k if tn.inline_sums and tn.step_grids else d.grid)
+                                  for g in tree_norms)
+        outs.append(out)
+    for other in outs[1:]:
+        _assert_same_bits(outs[0], other)
+
+
 def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
     """``Tuning.lin_stages / gu_stages / lm_stages`` set the software-pipeline depth of each
     weight stream's k-loop (the kernel's ST_LIN / ST_GU / ST_LM). ``slab`` must fit all of a

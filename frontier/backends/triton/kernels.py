@@ -161,6 +161,14 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     rh = tl.arange(0, BLOCK_H)
     hm = rh < H
     x = tl.load(x_ptr + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return _rms_of(x, w_ptr, H, eps, BLOCK_H, DT)
+
+
+@triton.jit
+def _rms_of(x, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
+    """``_rms_row`` of a row already in registers (fp32 [BLOCK_H], zeros past H)."""
+    rh = tl.arange(0, BLOCK_H)
+    hm = rh < H
     var = tl.math.div_rn(tl.sum(x * x, axis=0), H.to(tl.float32))
     rstd = _recip_rn(tl.sqrt_rn(var + eps))
     y = (x * rstd).to(DT).to(tl.float32)
@@ -511,6 +519,24 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
+def _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
+    """A split-K phase's reduction and the RMSNorm after it, per row: x = res + round(sum of the
+    SPL fp32 partials, in order) - what ``_ph_reduce`` (MODE 1) writes, the same bits - stored
+    (the next residual), then y = RMSNorm(x) as ``_ph_norm`` computes it."""
+    DT = y_ptr.dtype.element_ty
+    rh = tl.arange(0, BLOCK_H)
+    hm = rh < H
+    for m in range(pid, M, nprog):
+        acc = tl.zeros([BLOCK_H], tl.float32)
+        for sp in range(SPL):
+            acc += tl.load(part_ptr + (sp * MR + m) * H + rh, mask=hm, other=0.0, cache_modifier=".cg")
+        res = tl.load(res_ptr + m * H + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
+        x = (acc.to(DT).to(tl.float32) + res).to(DT)
+        tl.store(x_ptr + m * H + rh, x, mask=hm)
+        tl.store(y_ptr + m * H + rh, _rms_of(x.to(tl.float32), w_ptr, H, eps, BLOCK_H, DT), mask=hm)
+
+
+@triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
                    BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
                    ST: tl.constexpr):
@@ -583,15 +609,27 @@ def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr
 
 @triton.jit
 def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, t_head_stride, SK,
-                  cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                  cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SUMS: tl.constexpr = False, part_ptr=0, SPL=1, MR=1):
     """Depth i, the M = B*K frontier rows, one row (all heads) per item: row r = b*K + j sits at
     position L_b + i; q goes to qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree
-    scratch."""
+    scratch. SUMS: the row is first the sum of the split-K QKV's SPL fp32 partials, in order,
+    rounded and stored as ``_ph_reduce`` (MODE 0) writes it - the same bits."""
     DT = qr_ptr.dtype.element_ty
     rh = tl.arange(0, BLOCK_R)[:, None]
     rd = tl.arange(0, BLOCK_D)[None, :]
     width = (NH + 2 * NKV) * HD
     for r in range(pid, M, nprog):
+        if SUMS:
+            rc = tl.arange(0, 1024)
+            for c0 in range(0, width, 1024):
+                c = c0 + rc
+                acc = tl.zeros([1024], tl.float32)
+                for sp in range(SPL):
+                    acc += tl.load(part_ptr + (sp * MR + r) * width + c, mask=c < width, other=0.0,
+                                   cache_modifier=".cg")
+                tl.store(qkv_ptr + r * width + c, acc.to(DT), mask=c < width)
+            tl.debug_barrier()  # (the rotation reads columns other threads stored)
         b = r // K
         mb = meta_ptr + b * META_W
         pos = tl.load(mb + META_C) + tl.load(mb + META_N) + i
@@ -1401,7 +1439,7 @@ def drafter_kernel(
     BMK_LM: tl.constexpr = 16, KEY16_LM: tl.constexpr = False, KEY32_MG: tl.constexpr = False,
     BMC: tl.constexpr = 0, BNS_FCC: tl.constexpr = 16, BK_FCC: tl.constexpr = 16, FOLD_FCC: tl.constexpr = 1,
     ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
-    PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True,
+    PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True, INLINE_SUMS: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1524,7 +1562,7 @@ def drafter_kernel(
                              cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC_KV)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
-                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D)
+                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D, INLINE_SUMS, part_ptr, SPL_QKV, MR)
         elif (ph == 6) | (ph == 16):  # PH_ATTN / PH_ATTN2
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)
@@ -1555,8 +1593,15 @@ def drafter_kernel(
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
                            STF=ST_FOLD)
-        elif ph == 8:  # PH_NORM_POST
-            _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
+        elif ph == 8:  # PH_NORM_POST (INLINE_SUMS: h1 = h + the split-K o_proj's partials, first)
+            if INLINE_SUMS:  # (split-K only at the tree depths)
+                if is_ctx:
+                    _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
+                else:
+                    _ph_norm_sum(pid, nprog, m_out, part_ptr, SPL_O, MR, hcur_ptr, h1_ptr, ln_post_ptr, n2_ptr, H, eps,
+                                 BLOCK_H)
+            else:
+                _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
         elif ph == 9:  # PH_GATEUP
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
@@ -1577,8 +1622,15 @@ def drafter_kernel(
             _ph_reduce(pid, nprog, part_ptr, SPL_O, m_out, H, MR, h1_ptr, H, hcur_ptr, H, 1, 1024)
         elif ph == 20:  # PH_RED_D: h2 = h1 + sum
             _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
-        elif ph == 11:  # PH_NORM_F
-            _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
+        elif ph == 11:  # PH_NORM_F (INLINE_SUMS: h2 = h1 + the split-K down's partials, first)
+            if INLINE_SUMS:  # (split-K only at the tree depths)
+                if is_ctx:
+                    _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
+                else:
+                    _ph_norm_sum(pid, nprog, m_out, part_ptr, SPL_D, MR, h1_ptr, hout_ptr, ln_f_ptr, nf_ptr, H, eps,
+                                 BLOCK_H)
+            else:
+                _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
             if QH and ahead:  # the next depth's hidden_norm of every possible parent, on the programs after these
                 _ph_norm((pid + nprog - m_out % nprog) % nprog, nprog, m_out, hout_ptr, ln_hid_ptr, xh_ptr, H, eps,
                          BLOCK_H)

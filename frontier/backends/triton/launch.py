@@ -50,10 +50,14 @@ def num_sms(device: torch.device) -> int:
     return _GRID_CACHE[idx]
 
 
-def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False) -> list[int]:
+def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False,
+                   inline_sums: bool = False) -> list[int]:
     """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step). ``split_k`` (wide
     launches) adds the reductions of the tree depths' split-K QKV, o_proj and down;
-    ``fused_attention`` (batched launches) runs attention as one phase instead of three."""
+    ``fused_attention`` (batched launches) runs attention as one phase instead of three.
+    ``inline_sums`` (with ``split_k``): the phase after each split-K phase sums its partials
+    itself - RoPE the QKV's, the norm after o_proj the o_proj's and, for eagle3, the final norm
+    down's - so no reduction is a phase of its own (eagle2's down keeps its own: no norm follows)."""
     if architecture == "eagle3":
         ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
         tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
@@ -67,7 +71,12 @@ def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_a
         tail = tail[:at] + [K_.PH_ATTN_F] + tail[at + 3:]
     tree_tail = list(tail)
     if split_k:
-        for ph, red in ((K_.PH_QKV, K_.PH_RED_QKV), (K_.PH_OPROJ, K_.PH_RED_O), (K_.PH_DOWN, K_.PH_RED_D)):
+        reds = []
+        if not inline_sums:
+            reds += [(K_.PH_QKV, K_.PH_RED_QKV), (K_.PH_OPROJ, K_.PH_RED_O)]
+        if not (inline_sums and architecture == "eagle3"):  # (eagle2 has no final norm: lm_head reads h2)
+            reds.append((K_.PH_DOWN, K_.PH_RED_D))
+        for ph, red in reds:
             tree_tail.insert(tree_tail.index(ph) + 1, red)
     sched = [p * 256 + K_.CTX_DEPTH for p in ctx_head + tail]
     for i in range(depth):
@@ -182,6 +191,11 @@ class Tuning:
     # graph batch 16 3.136 / 3.135 vs 3.248 / 3.238 (context fc 0.108 -> 0.038 ms, QKV 0.069 ->
     # 0.033); persistent batch 16 4.027 / 4.036 vs 4.133 / 4.123
     ctx_rows: int = 4
+    # wide launches: the phase after each of the tree depths' split-K phases sums its partials
+    # itself - RoPE the QKV's, the post-attention norm the o_proj's (+ the residual), eagle3's
+    # final norm down's - instead of a reduction phase before it (three phases fewer per depth);
+    # in step launches those phases then get one program per row
+    inline_sums: bool = True
     # step launches (mode="steps", and the CUDA graph of mode="graph"): each launch is the kernel
     # built for its schedule entry's phase alone (kernel constexpr PHASE), instead of the whole
     # phase switch with its shared register allocation
@@ -389,7 +403,7 @@ class Drafter:
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
         self.schedule_codes = {
-            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused)
+            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums)
             for split in (False, True) for fused in (False, True)
         }
         self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
@@ -617,7 +631,7 @@ class Drafter:
             BMC=bmc, BNS_FCC=bns_fcc, BK_FCC=bk_fcc, FOLD_FCC=fold_c, ST_FCC=st_fc_c, BNS_QKVC=bns_qkvc,
             BK_QKVC=bk_qkvc,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
-            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
+            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536, INLINE_SUMS=wide and tn.inline_sums,
             KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
@@ -825,6 +839,9 @@ class Drafter:
             K_.PH_NORM_POST: nb if ctx else nb * cfg.top_k, K_.PH_ATTN: kv * parts, K_.PH_ATTN2: kv * parts,
             K_.PH_ATTN3: kv * (Workspace.block_sizes(cfg)["block_q"] // 16), K_.PH_ATTN_F: kv,
         }.get(ph)
+        if ph in (K_.PH_ROPE, K_.PH_NORM_POST, K_.PH_NORM_F) and not ctx and self.tuning.inline_sums \
+                and self.plan(nb).wide:
+            return max(1, nb * cfg.top_k)  # (summing split-K partials: one row per program)
         if ph == K_.PH_MERGE and self.tuning.merge_rows:
             ahead = (ctx and cfg.depth > 0) or (not ctx and i + 1 < cfg.depth)
             if not (ahead and self.qkv_ahead(nb)):
