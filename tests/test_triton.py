@@ -505,8 +505,7 @@ def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch):
         assert (K_.PH_RED_D in sched) == (not tn.inline_sums or arch == "eagle2")
         tree_norms = [g for c, g in zip(d.schedule_list, d.step_grid_list)
                       if c // 256 in (K_.PH_ROPE, K_.PH_NORM_POST) and c % 256 != K_.CTX_DEPTH]
-        assert tree_norms and all(g == (len(seqs) * cfg.top_k if tn.inline_sums and tn.step_grids else d.grid)
-                                  for g in tree_norms)
+        assert tree_norms and all(g == (len(seqs) * cfg.top_k if tn.step_grids else d.grid) for g in tree_norms)
         outs.append(out)
     for other in outs[1:]:
         _assert_same_bits(outs[0], other)
@@ -1293,11 +1292,11 @@ def test_merge_with_32_bit_keys_matches_64_bit_keys(seed, rows, vocab, P, grid):
     assert ((tok >= 0) & (tok < vocab)).all() and all(len(set(t.tolist())) == K for t in tok)
 
 
-def test_merge_keys_and_rows_in_a_launch_draft_the_same_bits():
+def test_merge_keys_and_row_grids_draft_the_same_bits():
     """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with MERGE's
-    32-bit keys (``Tuning.merge_key32``) and its one program per row (``Tuning.merge_rows``,
-    step launches: more programs than the grid) as without either; the plan turns the 32-bit keys
-    off for fp32 and for vocabularies past 65536."""
+    32-bit keys (``Tuning.merge_key32``) and the tree depths' row phases on one program per row
+    (``Tuning.row_grids``, step launches: more programs than the 2-program grid) as without
+    either; the plan turns the 32-bit keys off for fp32 and for vocabularies past 65536."""
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
@@ -1305,13 +1304,19 @@ def test_merge_keys_and_rows_in_a_launch_draft_the_same_bits():
     seqs, _ = _ragged(cfg, 48, batch=3, lo=3, hi=9)
     outs = []
     for on in (False, True):
-        d, out = _draft_tuned(cfg, w, seqs, Tuning(merge_key32=on, merge_rows=on), mode="steps")
+        d, out = _draft_tuned(cfg, w, seqs, Tuning(merge_key32=on, row_grids=on), mode="steps")
         assert d.plan(len(seqs)).const["KEY32_MG"] == on
         nb = len(seqs)
-        for c in d.schedule_list:  # the tree depths' MERGE: rows unless it streams the next QKV
-            if c // 256 == K_.PH_MERGE and c % 256 != K_.CTX_DEPTH:
-                ahead = c % 256 + 1 < cfg.depth and d.qkv_ahead(nb)
-                assert d.step_grid(c, nb, 9) == (nb * cfg.top_k if on and not ahead else d.grid)
+        rows = nb * cfg.top_k
+        for c in d.schedule_list:  # the tree depths' row phases (MERGE and the final norm: unless
+            ph, i = divmod(c, 256)  # they stream the next QKV)
+            if i == K_.CTX_DEPTH:
+                continue
+            if ph in (K_.PH_MERGE, K_.PH_NORM_F):
+                ahead = i + 1 < cfg.depth and d.qkv_ahead(nb)
+                assert d.step_grid(c, nb, 9) == (rows if on and not ahead else d.grid)
+            elif ph in (K_.PH_PREP3, K_.PH_ROPE, K_.PH_NORM_POST):
+                assert d.step_grid(c, nb, 9) == (rows if on else min(d.grid, rows))
         outs.append(out)
     _assert_same_bits(*outs)
 

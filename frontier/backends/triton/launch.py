@@ -174,14 +174,19 @@ class Tuning:
     lm_stat_rows: int = 32
     lm_key32: bool = True
     # MERGE (kernels._ph_merge): with 16-bit dtypes and vocabularies up to 65536, 32-bit ranking
-    # keys in its K rounds of maxima; and in step launches, when it streams nothing (no QKV
-    # ahead), one program per row, so that no program merges two rows one after the other
-    # (batch 16: 160 tree rows on a 132-program grid). Eighteenth session, H200, 8B depth 7,
-    # device ms, both vs neither: graph batch 16 3.237 / 3.237 vs 3.369 / 3.372 (MERGE per call
-    # 0.135 -> 0.052), batch 64 11.085 / 11.069 vs 11.363 / 11.356; persistent batch 16 4.103 /
-    # 4.108 vs 4.224 / 4.215, batch 1 2.372 / 2.369 vs 2.394 / 2.394
+    # keys in its K rounds of maxima. Eighteenth session, H200, 8B depth 7, device ms, with
+    # row_grids' MERGE part vs neither: graph batch 16 3.237 / 3.237 vs 3.369 / 3.372 (MERGE per
+    # call 0.135 -> 0.052), batch 64 11.085 / 11.069 vs 11.363 / 11.356; persistent batch 16
+    # 4.103 / 4.108 vs 4.224 / 4.215, batch 1 2.372 / 2.369 vs 2.394 / 2.394
     merge_key32: bool = True
-    merge_rows: bool = True
+    # step launches, tree depths: the phases that loop over the rows and stream no weights (PREP,
+    # RoPE, the post-attention norm, MERGE and the final norm where they stream no QKV ahead) get
+    # one program per row, more than the grid where there are more rows (their builds are small:
+    # several programs fit on an SM), so that no program takes two rows one after the other
+    # (batch 16: 160 tree rows on a 132-program grid). Eighteenth session, H200, 8B depth 7,
+    # graph, device ms, on vs off (with inline_sums): batch 16 3.042 / 3.039 vs 3.123 / 3.121,
+    # batch 64 10.687 / 10.668 vs 11.067 / 11.093, batch 4 3.109 / 3.110 vs 3.088 / 3.109
+    row_grids: bool = True
     # wide launches: the context step's fc and QKV (the phases over the call's N new rows) take
     # an activation tile of pow2(batch x ctx_rows) rows (at least 16) with its own k-chunk and
     # fold, whenever N fits in it (the kernel picks at run time; more rows take the tree rows'
@@ -194,7 +199,10 @@ class Tuning:
     # wide launches: the phase after each of the tree depths' split-K phases sums its partials
     # itself - RoPE the QKV's, the post-attention norm the o_proj's (+ the residual), eagle3's
     # final norm down's - instead of a reduction phase before it (three phases fewer per depth);
-    # in step launches those phases then get one program per row
+    # in step launches those phases then get one program per row. Eighteenth session, H200, 8B
+    # depth 7, device ms, on vs off: graph batch 16 3.069 / 3.067 vs 3.159 / 3.160, batch 64
+    # 10.759 / 10.654 vs 11.209 / 11.201; persistent batch 16 4.006 / 4.006 vs 4.029 / 4.029,
+    # batch 64 12.787 / 12.788 vs 12.832 / 12.843
     inline_sums: bool = True
     # step launches (mode="steps", and the CUDA graph of mode="graph"): each launch is the kernel
     # built for its schedule entry's phase alone (kernel constexpr PHASE), instead of the whole
@@ -823,9 +831,10 @@ class Drafter:
         post-attention norm) or attention parts - launch at most one program per item; the
         weight streams (their slabs are sized for the whole grid), MERGE (one partial per
         lm_head program) and the final norm (its second half is placed after the rows'
-        programs) keep the grid. MERGE when it streams no QKV ahead (``Tuning.merge_rows``) gets
-        one program per row, more than the grid where there are more rows (its build is small:
-        several programs fit on an SM, so no program merges two rows in turn)."""
+        programs) keep the grid where they stream the next depth's QKV. At the tree depths the
+        row phases otherwise get one program per row, more than the grid where there are more
+        rows (``Tuning.row_grids``: their builds are small, several programs fit on an SM, so no
+        program takes two rows in turn)."""
         if not self.tuning.step_grids:
             return self.grid
         ph, i = divmod(code, 256)
@@ -839,13 +848,13 @@ class Drafter:
             K_.PH_NORM_POST: nb if ctx else nb * cfg.top_k, K_.PH_ATTN: kv * parts, K_.PH_ATTN2: kv * parts,
             K_.PH_ATTN3: kv * (Workspace.block_sizes(cfg)["block_q"] // 16), K_.PH_ATTN_F: kv,
         }.get(ph)
-        if ph in (K_.PH_ROPE, K_.PH_NORM_POST, K_.PH_NORM_F) and not ctx and self.tuning.inline_sums \
-                and self.plan(nb).wide:
-            return max(1, nb * cfg.top_k)  # (summing split-K partials: one row per program)
-        if ph == K_.PH_MERGE and self.tuning.merge_rows:
+        if self.tuning.row_grids:
+            rows = nb if ctx else nb * cfg.top_k
             ahead = (ctx and cfg.depth > 0) or (not ctx and i + 1 < cfg.depth)
-            if not (ahead and self.qkv_ahead(nb)):
-                return max(1, nb if ctx else nb * cfg.top_k)
+            if ph in (K_.PH_MERGE, K_.PH_NORM_F) and not (ahead and self.qkv_ahead(nb)):
+                return max(1, rows)
+            if not ctx and ph in (K_.PH_PREP3, K_.PH_PREP2, K_.PH_ROPE, K_.PH_NORM_POST):
+                return max(1, rows)
         return self.grid if items is None else max(1, min(self.grid, items))
 
     def _launch_steps(self, args, const, shape: tuple[int, int], step_hook=None) -> None:
