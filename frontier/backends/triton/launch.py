@@ -600,9 +600,9 @@ class Drafter:
         s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide, st_lin)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
 
-        def fold(bns: int, bk: int) -> int:  # the largest power of two <= lin_fold that fits
-            f = tn.lin_fold
-            while f > 1 and (wide or bk % f or bk // f < 16 or f * f * bns * bmp > 4 * acc):
+        def fold(bns: int, bk: int, bm_: int = bmp, acc_: int = acc, wide_: bool = wide) -> int:
+            f = tn.lin_fold  # the largest power of two <= lin_fold that fits
+            while f > 1 and (wide_ or bk % f or bk // f < 16 or f * f * bns * bm_ > 4 * acc_):
                 f //= 2
             return max(f, 1)
 
@@ -613,18 +613,14 @@ class Drafter:
             bmc = 0
         bns_fcc = bk_fcc = bns_qkvc = bk_qkvc = 16
         fold_c, st_fc_c = 1, st_lin
-        if bmc:
+        if bmc:  # (narrow accumulators and folds, as a narrow launch of that many rows has)
             _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True, stages=st_lin)
-            f = tn.lin_fold
-            while f > 1 and (bk_fcc % f or bk_fcc // f < 16 or f * f * bns_fcc * bmc > 4 * tn.acc_elems):
-                f //= 2
-            fold_c = max(f, 1)
-            if fold_c > 1 and bmc >= 64 and tn.fold_stages:
+            fold_c = fold(bns_fcc, bk_fcc, bmc, tn.acc_elems, False)
+            if fold_c > 1 and bmc >= 64 and tn.fold_stages:  # folded streams of 64+ rows: fold_stages deep
                 st_fc_c = tn.fold_stages
                 _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
                                           stages=st_fc_c)
-                while fold_c > 1 and (bk_fcc % fold_c or bk_fcc // fold_c < 16):
-                    fold_c //= 2
+                fold_c = fold(bns_fcc, bk_fcc, bmc, tn.acc_elems, False)
             _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
                                         stages=st_lin)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
@@ -639,8 +635,8 @@ class Drafter:
             BMC=bmc, BNS_FCC=bns_fcc, BK_FCC=bk_fcc, FOLD_FCC=fold_c, ST_FCC=st_fc_c, BNS_QKVC=bns_qkvc,
             BK_QKVC=bk_qkvc,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
-            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536, INLINE_SUMS=wide and tn.inline_sums,
-            KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536,
+            BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
+            KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536, INLINE_SUMS=wide and tn.inline_sums,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
