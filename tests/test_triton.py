@@ -336,13 +336,17 @@ def _batch_vs_single(cfg, w, seqs, g, device, calls, sampling=False, **opts):
     return frs
 
 
+def _arch_config(arch, target_vocab, **over):
+    """A random head of ``arch``; EAGLE-3's maps its draft vocabulary onto ``target_vocab`` tokens."""
+    if arch == "eagle3":
+        over["target_vocab_size"] = target_vocab
+    return random_config(architecture=arch, **over)
+
+
 @pytest.mark.parametrize("seed", [31, 47])
 @pytest.mark.parametrize("arch,sampling", [("eagle3", False), ("eagle2", True)])
 def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
-    over = dict(total_token=14, depth=3, top_k=3, vocab_size=56)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 120
-    cfg = random_config(architecture=arch, **over)
+    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=3, vocab_size=56)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, seed + 1, batch=3 + seed % 3, lo=2, hi=11)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
@@ -358,10 +362,7 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, monkeypatch):
     from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
-    over = dict(total_token=14, depth=3, top_k=8, vocab_size=56)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 120
-    cfg = random_config(architecture=arch, **over)
+    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
     w = random_weights(cfg, seed=63, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, 64, batch=3, lo=7, hi=12)
     tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, ctx_rows=2)
@@ -489,10 +490,7 @@ def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch):
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
-    over = dict(total_token=18, depth=2, top_k=4, vocab_size=90)
-    if arch == "eagle3":
-        over["target_vocab_size"] = 150
-    cfg = random_config(architecture=arch, **over)
+    cfg = _arch_config(arch, 150, total_token=18, depth=2, top_k=4, vocab_size=90)
     w = random_weights(cfg, seed=67, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 68, batch=5, lo=3, hi=9)
     wide = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64)

@@ -537,6 +537,21 @@ def _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr,
 
 
 @triton.jit
+def _ph_norm_after(pid, nprog, M, is_ctx, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps,
+                   BLOCK_H: tl.constexpr, SUMS: tl.constexpr):
+    """The norm after a linear phase: y = RMSNorm(x); with SUMS (wide launches, whose tree depths
+    split that phase's K) at the tree depths x is first res + the split-K partials
+    (``_ph_norm_sum``)."""
+    if SUMS:
+        if is_ctx:
+            _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H)
+        else:
+            _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H)
+    else:
+        _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H)
+
+
+@triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
                    BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
                    ST: tl.constexpr):
@@ -1594,14 +1609,8 @@ def drafter_kernel(
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
                            STF=ST_FOLD)
         elif ph == 8:  # PH_NORM_POST (INLINE_SUMS: h1 = h + the split-K o_proj's partials, first)
-            if INLINE_SUMS:  # (split-K only at the tree depths)
-                if is_ctx:
-                    _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
-                else:
-                    _ph_norm_sum(pid, nprog, m_out, part_ptr, SPL_O, MR, hcur_ptr, h1_ptr, ln_post_ptr, n2_ptr, H, eps,
-                                 BLOCK_H)
-            else:
-                _ph_norm(pid, nprog, m_out, h1_ptr, ln_post_ptr, n2_ptr, H, eps, BLOCK_H)
+            _ph_norm_after(pid, nprog, m_out, is_ctx, part_ptr, SPL_O, MR, hcur_ptr, h1_ptr, ln_post_ptr, n2_ptr, H, eps,
+                           BLOCK_H, INLINE_SUMS)
         elif ph == 9:  # PH_GATEUP
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
@@ -1623,14 +1632,8 @@ def drafter_kernel(
         elif ph == 20:  # PH_RED_D: h2 = h1 + sum
             _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
         elif ph == 11:  # PH_NORM_F (INLINE_SUMS: h2 = h1 + the split-K down's partials, first)
-            if INLINE_SUMS:  # (split-K only at the tree depths)
-                if is_ctx:
-                    _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
-                else:
-                    _ph_norm_sum(pid, nprog, m_out, part_ptr, SPL_D, MR, h1_ptr, hout_ptr, ln_f_ptr, nf_ptr, H, eps,
-                                 BLOCK_H)
-            else:
-                _ph_norm(pid, nprog, m_out, hout_ptr, ln_f_ptr, nf_ptr, H, eps, BLOCK_H)
+            _ph_norm_after(pid, nprog, m_out, is_ctx, part_ptr, SPL_D, MR, h1_ptr, hout_ptr, ln_f_ptr, nf_ptr, H, eps,
+                           BLOCK_H, INLINE_SUMS)
             if QH and ahead:  # the next depth's hidden_norm of every possible parent, on the programs after these
                 _ph_norm((pid + nprog - m_out % nprog) % nprog, nprog, m_out, hout_ptr, ln_hid_ptr, xh_ptr, H, eps,
                          BLOCK_H)
