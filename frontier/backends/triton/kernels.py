@@ -353,7 +353,9 @@ def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y
     """``_ph_linear`` (no residual) over the context step's new rows with the launch's tile BMP,
     or, where the launcher made a smaller one (BMC > 0, wide launches) and the rows fit in it
     (``small``, a run-time condition), with that tile and its own sub-slab, k-chunk and fold:
-    the wide tile's padding and its short k-chunks cost batch 16's context fc 3x its stream."""
+    the wide tile's padding and its short k-chunks cost batch 16's context fc 3x its stream.
+    (The wide-tile call appears twice: with BMC = 0 the small tile's branch must not be built at
+    all - a 0-row tile does not compile - so the run-time test sits inside a compile-time one.)"""
     if BMC > 0:
         if small:
             _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
@@ -400,6 +402,17 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
 
 
 @triton.jit
+def _part_sum(part_ptr, SPL, MR, NT, m, c, cm):
+    """Row m's columns c (valid where cm) of the SPL split-K fp32 partials ``part[sp, row, :]``
+    (rows MR apart, NT columns each), summed in partial order - the one order every reader of
+    the partials uses, so that their results agree bit for bit."""
+    acc = tl.zeros(c.shape, tl.float32)  # (from +0, as every reader summed: -0 partials stay +0)
+    for sp in range(SPL):
+        acc += tl.load(part_ptr + (sp * MR + m) * NT + c, mask=cm, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, res_stride,
                MODE: tl.constexpr, BLOCK: tl.constexpr):
     """Y = epilogue(sum over the SPL split-K partials, in order). MODE 0: store; 1: + residual
@@ -411,9 +424,7 @@ def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, r
         m = t // nblk
         c = (t - m * nblk) * BLOCK + rc
         cm = c < NT
-        acc = tl.zeros([BLOCK], tl.float32)
-        for sp in range(SPL):
-            acc += tl.load(part_ptr + (sp * MR + m) * NT + c, mask=cm, other=0.0, cache_modifier=".cg")
+        acc = _part_sum(part_ptr, SPL, MR, NT, m, c, cm)
         if MODE == 1:
             res = tl.load(res_ptr + m * res_stride + c, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)
             out = (acc.to(DT).to(tl.float32) + res).to(DT)
@@ -527,9 +538,7 @@ def _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr,
     rh = tl.arange(0, BLOCK_H)
     hm = rh < H
     for m in range(pid, M, nprog):
-        acc = tl.zeros([BLOCK_H], tl.float32)
-        for sp in range(SPL):
-            acc += tl.load(part_ptr + (sp * MR + m) * H + rh, mask=hm, other=0.0, cache_modifier=".cg")
+        acc = _part_sum(part_ptr, SPL, MR, H, m, rh, hm)
         res = tl.load(res_ptr + m * H + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
         x = (acc.to(DT).to(tl.float32) + res).to(DT)
         tl.store(x_ptr + m * H + rh, x, mask=hm)
@@ -639,11 +648,8 @@ def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr
             rc = tl.arange(0, 1024)
             for c0 in range(0, width, 1024):
                 c = c0 + rc
-                acc = tl.zeros([1024], tl.float32)
-                for sp in range(SPL):
-                    acc += tl.load(part_ptr + (sp * MR + r) * width + c, mask=c < width, other=0.0,
-                                   cache_modifier=".cg")
-                tl.store(qkv_ptr + r * width + c, acc.to(DT), mask=c < width)
+                tl.store(qkv_ptr + r * width + c, _part_sum(part_ptr, SPL, MR, width, r, c, c < width).to(DT),
+                         mask=c < width)
             tl.debug_barrier()  # (the rotation reads columns other threads stored)
         b = r // K
         mb = meta_ptr + b * META_W
@@ -1155,22 +1161,21 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
         lp = ((_key_val(ks) - gmax) - logs).to(DT)
         if KEY32:
             k2 = _keys16(lp, _key_idx(ks).to(tl.int32), ks != KEY_NONE)
-            for j in range(K):
-                best = tl.max(tl.max(k2, axis=1), axis=0)
-                val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-                # (no candidate left, which a vocabulary of >= K entries never leaves: what the
-                # 64-bit ranking stores then)
-                wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
-                tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
-                tl.store(sel_tok_ptr + r * KP + j, _key_idx(wide))
-                k2 = tl.where(k2 == best, KEY32_NONE, k2)
+            none = KEY32_NONE
         else:
             k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp.to(tl.float32), _key_idx(ks)))
-            for j in range(K):
-                best = tl.max(tl.max(k2, axis=1), axis=0)
-                tl.store(sel_lp_ptr + r * KP + j, _key_val(best))
-                tl.store(sel_tok_ptr + r * KP + j, _key_idx(best))
-                k2 = tl.where(k2 == best, KEY_NONE, k2)
+            none = KEY_NONE
+        for j in range(K):
+            best = tl.max(tl.max(k2, axis=1), axis=0)
+            if KEY32:  # widened to the 64-bit key; no candidate left (which a vocabulary of >= K
+                # entries never leaves) stores what the 64-bit ranking stores then
+                val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+                wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
+            else:
+                wide = best
+            tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
+            tl.store(sel_tok_ptr + r * KP + j, _key_idx(wide))
+            k2 = tl.where(k2 == best, none, k2)
 
 
 @triton.jit

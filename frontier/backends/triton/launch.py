@@ -847,7 +847,7 @@ class Drafter:
         if self.tuning.row_grids:
             rows = nb if ctx else nb * cfg.top_k
             ahead = (ctx and cfg.depth > 0) or (not ctx and i + 1 < cfg.depth)
-            if ph in (K_.PH_MERGE, K_.PH_NORM_F) and not (ahead and self.qkv_ahead(nb)):
+            if ph in (K_.PH_MERGE, K_.PH_NORM_F) and not (ahead and self.plan(nb).qh):
                 return max(1, rows)
             if not ctx and ph in (K_.PH_PREP3, K_.PH_PREP2, K_.PH_ROPE, K_.PH_NORM_POST):
                 return max(1, rows)
