@@ -382,6 +382,46 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
     assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
 
 
+@pytest.mark.parametrize("arch,seed", [("eagle3", 91), ("eagle2", 93), ("eagle3", 95)])
+def test_context_step_streams_on_their_own_tile_match_torch_ref(arch, seed, monkeypatch):
+    """Step launches of wide plans build the context step's gate/up and lm_head (one row per
+    sequence) with a tile of pow2(batch) rows and the register lm_head (``Tuning.ctx_streams``,
+    ``LaunchPlan.ctx_const``); the tree depths keep the wide tile and the wide lm_head. Each
+    sequence of a ragged batch drafts what torch_ref drafts for it alone, over three calls."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.backend import TritonBackend
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=7)
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512))
+    p = d.plan(3)
+    assert p.wide and p.const["LM_WIDE"] and p.const["BM"] + p.const["BM2"] > 16
+    assert p.ctx_const["BM"] == 16 and p.ctx_const["BM2"] == 0 and not p.ctx_const["LM_WIDE"]
+    assert not Drafter(cfg, torch.float32, torch.device(DEVICE),
+                       Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, ctx_streams=False)).plan(3).ctx_const
+    assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow plans: nothing
+    real = K_.drafter_kernel
+    seen = []
+
+    class Spy:  # records each launch's phase, depth and constants
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((int(args[0][0]), kw))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(K_, "drafter_kernel", Spy())
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+    _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
+    streams = [(code % 256 == K_.CTX_DEPTH, kw) for code, kw in seen if code // 256 in (K_.PH_GATEUP, K_.PH_LMHEAD)]
+    assert any(ctx for ctx, _ in streams) and any(not ctx for ctx, _ in streams)
+    for ctx, kw in streams:
+        assert (kw["BM"], kw["BM2"], kw["LM_WIDE"]) == ((16, 0, False) if ctx else
+                                                        (p.const["BM"], p.const["BM2"], True))
+
+
 def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref():
     """The fused (batched) attention takes a sequence's tree keys of every depth so far as
     dense blocks masked to each row's ancestors: with depth 5 and top_k 4 the deepest step has

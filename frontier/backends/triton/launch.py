@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -196,6 +196,14 @@ class Tuning:
     # graph batch 16 3.136 / 3.135 vs 3.248 / 3.238 (context fc 0.108 -> 0.038 ms, QKV 0.069 ->
     # 0.033); persistent batch 16 4.027 / 4.036 vs 4.133 / 4.123
     ctx_rows: int = 4
+    # step launches of wide launches: the context step's gate/up and lm_head (one row per
+    # sequence after attention) are built with a tile of pow2(batch) rows, narrow accumulators
+    # and the register lm_head (``LaunchPlan.ctx_const``) instead of the tree rows' wide tile;
+    # needs phase_kernels (the persistent launch keeps one build of every phase). Nineteenth
+    # session, H200, 8B depth 7, graph, device ms, on vs off: batch 16 2.965 / 2.964 vs 2.999 /
+    # 2.997 (context lm_head 0.080 -> 0.070 ms, gate/up 0.083 -> 0.059), batch 64 10.491 /
+    # 10.470 vs 10.480 / 10.531
+    ctx_streams: bool = True
     # wide launches: the phase after each of the tree depths' split-K phases sums its partials
     # itself - RoPE the QKV's, the post-attention norm the o_proj's (+ the residual), eagle3's
     # final norm down's - instead of a reduction phase before it (three phases fewer per depth);
@@ -304,6 +312,9 @@ class LaunchPlan:
     part_elems: int
     slab_args: tuple
     const: dict
+    # step launches of wide plans (``Tuning.ctx_streams``): the constants that the context step's
+    # gate/up and lm_head launches replace (their narrow tile); empty: none
+    ctx_const: dict = field(default_factory=dict)
 
 
 class Workspace:
@@ -624,6 +635,18 @@ class Drafter:
             _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
                                         stages=st_lin)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
+        ctx_const = {}
+        if wide and tn.ctx_streams and tn.phase_kernels:
+            # the context step's gate/up and lm_head stream for one row per sequence: in step
+            # launches (each phase its own build) they take a tile of pow2(batch) rows with narrow
+            # accumulators and the register lm_head, as a narrow launch of that many rows does
+            # (the slabs keep the wide alignment, so RP_GU / RP_LM stay the plan's)
+            _, bns_guc, bk_guc = slab(cfg.intermediate_size, h, g, el, 2, tn, bmb, acc_elems=tn.acc_elems,
+                                      wide=True, stages=st_gu)
+            _, bns_lmc, bk_lmc = slab(cfg.vocab_size, h, g, el, 1, tn, bmb, tn.lm_stage_bytes,
+                                      acc_elems=tn.acc_elems, wide=True, stages=st_lm)
+            ctx_const = dict(BM=bmb, BM2=0, BNS_GU=bns_guc, BK_GU=bk_guc, BNS_LM=bns_lmc, BK_LM=bk_lmc,
+                             LM_WIDE=False, LM_HALVES=tn.lm_halves if bns_lmc >= 32 else 1)
         folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
         st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + bmp) * bk * el > tn.smem_bytes for f, bns, bk in folds):
@@ -658,7 +681,7 @@ class Drafter:
             wide=wide, fused=fused, qh=qh, qh_vec=h * el % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slab_args=(rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh),
-            const=const,
+            const=const, ctx_const=ctx_const,
         )
 
     def run_batch(self, weights, seqs: list[SeqCall], mode: str, step_hook=None, timing: int = 0,
@@ -861,14 +884,17 @@ class Drafter:
         args = list(args)
         self.step_grid_list = [self.step_grid(code, *shape) for code in self.schedule_list]
         pdl = self.pdl_on()
+        ctx_const = self.plan(shape[0]).ctx_const
         for st in range(self.n_steps):
             if step_hook is not None:
                 step_hook(st)
             args[0] = self.schedule[st:]
             args[1] = 1
-            ph = self.schedule_list[st] // 256
+            ph, i = divmod(self.schedule_list[st], 256)
             grid = (self.step_grid_list[st],)
             kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=ph if self.tuning.phase_kernels else -1)
+            if ctx_const and i == K_.CTX_DEPTH and ph in (K_.PH_GATEUP, K_.PH_LMHEAD):
+                kw.update(ctx_const)
             if pdl:
                 kw.update(self.pdl_const(st))
                 if ph in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
