@@ -383,25 +383,31 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("arch,seed", [("eagle3", 91), ("eagle2", 93), ("eagle3", 95)])
-def test_context_step_streams_on_their_own_tile_match_torch_ref(arch, seed, monkeypatch):
-    """Step launches of wide plans build the context step's gate/up and lm_head (one row per
-    sequence) with a tile of pow2(batch) rows and the register lm_head (``Tuning.ctx_streams``,
-    ``LaunchPlan.ctx_const``); the tree depths keep the wide tile and the wide lm_head. Each
-    sequence of a ragged batch drafts what torch_ref drafts for it alone, over three calls."""
+def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch):
+    """Step launches give the context step's phases over one row per sequence builds of their
+    own (``Tuning.ctx_builds``, ``LaunchPlan.ctx_const``): in wide plans gate/up and the lm_head
+    on a tile of pow2(batch) rows with the register lm_head, and the fused attention a query
+    block of one row's heads; the tree depths keep the wide tile, the wide lm_head and a block of
+    top_k rows. The unsplit o_proj and down (the context step's alone in wide plans) fold their
+    k-chunks. Each sequence of a ragged batch drafts what torch_ref drafts for it alone, over
+    three calls."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
-    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
+    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56, hidden_size=64,
+                       num_attention_heads=8)  # (4 query heads per KV head: 4 lanes a row)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=7)
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512))
+    wide = dict(bm_max=32, wide_bm=32, wide_acc_elems=512)
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(**wide))
     p = d.plan(3)
-    assert p.wide and p.const["LM_WIDE"] and p.const["BM"] + p.const["BM2"] > 16
-    assert p.ctx_const["BM"] == 16 and p.ctx_const["BM2"] == 0 and not p.ctx_const["LM_WIDE"]
-    assert not Drafter(cfg, torch.float32, torch.device(DEVICE),
-                       Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, ctx_streams=False)).plan(3).ctx_const
-    assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow plans: nothing
+    c = p.const
+    assert p.wide and p.fused and c["LM_WIDE"] and c["BM"] + c["BM2"] > 16 and c["BLOCK_Q"] == 32
+    assert c["FOLD_O"] > 1 and c["FOLD_D"] > 1
+    assert set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_ATTN_F}
+    assert not Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(ctx_builds=False, **wide)).plan(3).ctx_const
+    assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow, split attention
     real = K_.drafter_kernel
     seen = []
 
@@ -415,11 +421,17 @@ def test_context_step_streams_on_their_own_tile_match_torch_ref(arch, seed, monk
     monkeypatch.setattr(K_, "drafter_kernel", Spy())
     monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
-    streams = [(code % 256 == K_.CTX_DEPTH, kw) for code, kw in seen if code // 256 in (K_.PH_GATEUP, K_.PH_LMHEAD)]
-    assert any(ctx for ctx, _ in streams) and any(not ctx for ctx, _ in streams)
-    for ctx, kw in streams:
-        assert (kw["BM"], kw["BM2"], kw["LM_WIDE"]) == ((16, 0, False) if ctx else
-                                                        (p.const["BM"], p.const["BM2"], True))
+    got = {}
+    for code, kw in seen:
+        ph, ctx = code // 256, code % 256 == K_.CTX_DEPTH
+        if ph in (K_.PH_GATEUP, K_.PH_LMHEAD):
+            got.setdefault((ph, ctx), set()).add((kw["BM"], kw["BM2"], kw["LM_WIDE"]))
+        elif ph == K_.PH_ATTN_F:
+            got.setdefault((ph, ctx), set()).add(kw["BLOCK_Q"])
+    tree = {(c["BM"], c["BM2"], True)}
+    assert got == {(K_.PH_GATEUP, True): {(16, 0, True)}, (K_.PH_LMHEAD, True): {(16, 0, False)},
+                   (K_.PH_GATEUP, False): tree, (K_.PH_LMHEAD, False): tree,
+                   (K_.PH_ATTN_F, True): {16}, (K_.PH_ATTN_F, False): {32}}
 
 
 def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref():

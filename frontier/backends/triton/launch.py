@@ -196,14 +196,16 @@ class Tuning:
     # graph batch 16 3.136 / 3.135 vs 3.248 / 3.238 (context fc 0.108 -> 0.038 ms, QKV 0.069 ->
     # 0.033); persistent batch 16 4.027 / 4.036 vs 4.133 / 4.123
     ctx_rows: int = 4
-    # step launches of wide launches: the context step's gate/up and lm_head (one row per
-    # sequence after attention) are built with a tile of pow2(batch) rows, narrow accumulators
-    # and the register lm_head (``LaunchPlan.ctx_const``) instead of the tree rows' wide tile;
-    # needs phase_kernels (the persistent launch keeps one build of every phase). Nineteenth
-    # session, H200, 8B depth 7, graph, device ms, on vs off: batch 16 2.965 / 2.964 vs 2.999 /
-    # 2.997 (context lm_head 0.080 -> 0.070 ms, gate/up 0.083 -> 0.059), batch 64 10.491 /
-    # 10.470 vs 10.480 / 10.531
-    ctx_streams: bool = True
+    # step launches: the context step's phases over one row per sequence get builds of their
+    # own (``LaunchPlan.ctx_const``; needs phase_kernels - the persistent launch keeps one build
+    # of every phase): in wide launches gate/up and the lm_head take a tile of pow2(batch) rows,
+    # narrow accumulators and the register lm_head instead of the tree rows' wide tile; the fused
+    # attention takes a query block for one row's heads instead of top_k rows'. Nineteenth
+    # session, H200, 8B depth 7, graph, device ms, gate/up and lm_head on vs off: batch 16
+    # 2.965 / 2.964 vs 2.999 / 2.997 (context lm_head 0.080 -> 0.070 ms, gate/up 0.083 ->
+    # 0.059), batch 64 10.491 / 10.470 vs 10.480 / 10.531; with the attention's too, on vs off:
+    # batch 16 2.967 / 2.968 vs 3.013 / 3.018, batch 64 10.583 / 10.564 vs 10.666 / 10.641
+    ctx_builds: bool = True
     # wide launches: the phase after each of the tree depths' split-K phases sums its partials
     # itself - RoPE the QKV's, the post-attention norm the o_proj's (+ the residual), eagle3's
     # final norm down's - instead of a reduction phase before it (three phases fewer per depth);
@@ -312,8 +314,8 @@ class LaunchPlan:
     part_elems: int
     slab_args: tuple
     const: dict
-    # step launches of wide plans (``Tuning.ctx_streams``): the constants that the context step's
-    # gate/up and lm_head launches replace (their narrow tile); empty: none
+    # step launches (``Tuning.ctx_builds``): per phase, the constants that the context step's
+    # launch of that phase replaces (its own tile / query block); empty: none
     ctx_const: dict = field(default_factory=dict)
 
 
@@ -636,7 +638,7 @@ class Drafter:
                                         stages=st_lin)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
         ctx_const = {}
-        if wide and tn.ctx_streams and tn.phase_kernels:
+        if wide and tn.ctx_builds and tn.phase_kernels:
             # the context step's gate/up and lm_head stream for one row per sequence: in step
             # launches (each phase its own build) they take a tile of pow2(batch) rows with narrow
             # accumulators and the register lm_head, as a narrow launch of that many rows does
@@ -645,11 +647,20 @@ class Drafter:
                                       wide=True, stages=st_gu)
             _, bns_lmc, bk_lmc = slab(cfg.vocab_size, h, g, el, 1, tn, bmb, tn.lm_stage_bytes,
                                       acc_elems=tn.acc_elems, wide=True, stages=st_lm)
-            ctx_const = dict(BM=bmb, BM2=0, BNS_GU=bns_guc, BK_GU=bk_guc, BNS_LM=bns_lmc, BK_LM=bk_lmc,
-                             LM_WIDE=False, LM_HALVES=tn.lm_halves if bns_lmc >= 32 else 1)
-        folds = [(fold(bns, bk), bns, bk) for bns, bk in ((bns_fc, bk_fc), (bns_o, bk_o), (bns_d, bk_d))]
-        st_fold = (tn.fold_stages or st_lin) if bmp >= 64 else st_lin
-        if any(f > 1 and st_fold * (bns + bmp) * bk * el > tn.smem_bytes for f, bns, bk in folds):
+            ctx_const[K_.PH_GATEUP] = dict(BM=bmb, BM2=0, BNS_GU=bns_guc, BK_GU=bk_guc)
+            ctx_const[K_.PH_LMHEAD] = dict(BM=bmb, BM2=0, BNS_LM=bns_lmc, BK_LM=bk_lmc, LM_WIDE=False,
+                                           LM_HALVES=tn.lm_halves if bns_lmc >= 32 else 1)
+        if fused and tn.ctx_builds and tn.phase_kernels:
+            # the fused attention's context step has one row per sequence: a query block of one
+            # row's heads (the tree depths' holds top_k rows')
+            ctx_const[K_.PH_ATTN_F] = dict(BLOCK_Q=_pow2(cfg.num_attention_heads // nkv_heads, 16))
+        # wide launches fold the unsplit o_proj and down too: they serve only the context step's
+        # one row per sequence there, on a tile of BMP_B rows (as narrow launches do)
+        folds = [(fold(bns_fc, bk_fc), bns_fc, bk_fc, bmp)]
+        folds += [(fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk), bns, bk, bmb)
+                  for bns, bk in ((bns_o, bk_o), (bns_d, bk_d))]
+        st_fold = (tn.fold_stages or st_lin) if (bmb if wide else bmp) >= 64 else st_lin
+        if any(f > 1 and st_fold * (bns + t) * bk * el > tn.smem_bytes for f, bns, bk, t in folds):
             st_fold = st_lin
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
@@ -893,8 +904,8 @@ class Drafter:
             ph, i = divmod(self.schedule_list[st], 256)
             grid = (self.step_grid_list[st],)
             kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=ph if self.tuning.phase_kernels else -1)
-            if ctx_const and i == K_.CTX_DEPTH and ph in (K_.PH_GATEUP, K_.PH_LMHEAD):
-                kw.update(ctx_const)
+            if i == K_.CTX_DEPTH and ph in ctx_const:
+                kw.update(ctx_const[ph])
             if pdl:
                 kw.update(self.pdl_const(st))
                 if ph in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
