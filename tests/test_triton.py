@@ -623,8 +623,13 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     base = _draft_tuned(cfg, w, seqs, Tuning(lin_fold=1))[1]
     for f in (2, 4):  # (scores near 2 differ by up to 1.3e-5 in the eagle2 head)
         _assert_same_launch(base, _draft_tuned(cfg, w, seqs, Tuning(lin_fold=f))[1], score_rtol=2e-5)
-    # a wide launch (many rows) keeps the unfolded streams
-    assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16)).plan(2).const["FOLD_D"] == 1
+    # a wide launch (many rows) keeps the fc on the tree rows' tile unfolded; its unsplit o_proj and
+    # down serve only the context step's one row per sequence (the tree depths split K) on a tile of
+    # BMP_B rows, and fold as a narrow launch of that tile does
+    wide = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16, grid=2)).plan(2)
+    c = wide.const
+    assert wide.wide and c["SPLITK"] and c["BMP_B"] == 16 and c["FOLD_FC"] == 1
+    assert (c["FOLD_O"], c["FOLD_D"]) == (plans[4]["FOLD_O"], plans[4]["FOLD_D"]) == (4, 4)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
 
 

@@ -155,13 +155,16 @@ class Tuning:
     # the unsplit fc / o_proj / down streams of narrow launches fold each k-chunk up to this many
     # ways (kernels._stream_folded): the largest power of two whose folded accumulator (fold^2 x
     # sub-slab rows x activation rows) stays within 4 x acc_elems and whose folds keep >= 16
-    # columns (1: off). Eleventh session, H200, 8B depth 7, device ms: batch 1 (fold 4) 2.476 /
-    # 2.481 vs 2.531 / 2.530 unfolded (down 0.279 -> 0.239 ms per call, o_proj 0.110 -> 0.103,
-    # the context step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
+    # columns (1: off). Wide launches keep their tree rows' streams unfolded and fold only the
+    # context step's small tiles: the fc on its ctx_rows tile, and the unsplit o_proj and down,
+    # which serve only the context step's one row per sequence there (BMP_B = pow2(batch) rows).
+    # Eleventh session, H200, 8B depth 7, device ms: batch 1 (fold 4) 2.476 / 2.481 vs 2.531 /
+    # 2.530 unfolded (down 0.279 -> 0.239 ms per call, o_proj 0.110 -> 0.103, the context
+    # step's fc and down -10 us); batch 4 (fold 2) 3.753 / 3.754 vs 3.791 / 3.788
     lin_fold: int = 4
     # software-pipeline stages of the folded streams where their activation tile has >= 64 rows
-    # (at top_k 10 batches 4 to 6; wider launches do not fold; None: the linear phases' stages),
-    # if every folded stream's stages fit in smem_bytes. Twelfth session, H200, device ms: 8B depth 7 batch 4 (fold 2) 3.666 / 3.679 vs
+    # (at top_k 10 batches 4 to 6, and wide launches' context tiles of 64+ rows; None: the
+    # linear phases' stages), if every folded stream's stages fit in smem_bytes. Twelfth session, H200, device ms: 8B depth 7 batch 4 (fold 2) 3.666 / 3.679 vs
     # 3.753 / 3.760 with 3; at batch 1 (16-row tile, fold 4) 4 stages are slower (2.431 / 2.434 vs
     # 2.413 / 2.418: o_proj 0.100 -> 0.107 ms per call), 1B batch 1 the same within 0.5%
     fold_stages: Optional[int] = 4
