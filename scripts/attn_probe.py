@@ -135,12 +135,15 @@ def main():
     captured = {}
     real = K_.drafter_kernel
 
-    class _Capture:
+    class _Capture:  # records the first launch's arguments instead of launching
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 captured.setdefault("args", args)
                 captured.setdefault("kw", kw)
             return launch
+
+        def warmup(self, *args, **kw):  # step launches with PDL compile each build first (co-residency)
+            return real.warmup(*args, **kw)
 
     K_.drafter_kernel = _Capture()
     try:
