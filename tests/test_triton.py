@@ -382,11 +382,14 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
     assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's 2-program grid and step launches (GPU twin: "
+                    "test_gpu_wide_context_step_builds_match_torch_ref)")
 @pytest.mark.parametrize("arch,seed", [("eagle3", 91), ("eagle2", 93), ("eagle3", 95)])
 def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch):
     """Step launches give the context step's phases over one row per sequence builds of their
     own (``Tuning.ctx_builds``, ``LaunchPlan.ctx_const``): in wide plans gate/up and the lm_head
-    on a tile of pow2(batch) rows with the register lm_head, and the fused attention a query
+    on a tile of pow2(batch) rows with the register lm_head (whose partials that step's MERGE
+    reads, not the logits scratch of ``Tuning.merge_rows``), and the fused attention a query
     block of one row's heads; the tree depths keep the wide tile, the wide lm_head and a block of
     top_k rows. The unsplit o_proj and down (the context step's alone in wide plans) fold their
     k-chunks. Each sequence of a ragged batch drafts what torch_ref drafts for it alone, over
@@ -405,7 +408,7 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
     c = p.const
     assert p.wide and p.fused and c["LM_WIDE"] and c["BM"] + c["BM2"] > 16 and c["BLOCK_Q"] == 32
     assert c["FOLD_O"] > 1 and c["FOLD_D"] > 1
-    assert set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_ATTN_F}
+    assert set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
     assert not Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(ctx_builds=False, **wide)).plan(3).ctx_const
     assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow, split attention
     real = K_.drafter_kernel
@@ -930,7 +933,7 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     seqs, g = _ragged(cfg, seed + 1, batch=12, lo=20, hi=60)
     d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning(grid=48))
     p = d.plan(12)
-    assert p.wide and p.fused and set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_ATTN_F}
+    assert p.wide and p.fused and set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
     assert p.const["FOLD_O"] > 1 and p.const["FOLD_D"] > 1
     monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
@@ -1171,8 +1174,14 @@ try:  # the division helper alone, in a one-phase kernel
                      BLOCK_P: tl.constexpr, KEY32: tl.constexpr):
         K_._ph_merge(tl.program_id(0), tl.num_programs(0), R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr,
                      K, MR, KP, BLOCK_P, dt_ptr.dtype.element_ty, KEY32)
+
+    @triton.jit
+    def _merge_rows_probe(logit_ptr, V, sel_lp_ptr, sel_tok_ptr, R, K, KP: tl.constexpr, BV: tl.constexpr,
+                          KEY32: tl.constexpr, G: tl.constexpr):
+        K_._ph_merge_rows(tl.program_id(0), tl.num_programs(0), R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV,
+                          logit_ptr.dtype.element_ty, KEY32, G)
 except ImportError:  # the module's skip marker covers a missing triton
-    _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = _merge_probe = None
+    _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = _merge_probe = _merge_rows_probe = None
 
 
 def test_top_n_mask_selects_the_n_largest_keys():
@@ -1370,6 +1379,64 @@ def test_merge_with_32_bit_keys_matches_64_bit_keys(seed, rows, vocab, P, grid):
     assert tie.any() and (tok[:, 1:][tie] > tok[:, :-1][tie]).all()
     assert torch.equal(tok[0], torch.arange(K, dtype=torch.int32))  # the tie of the row's best logit
     assert ((tok >= 0) & (tok < vocab)).all() and all(len(set(t.tolist())) == K for t in tok)
+
+
+@pytest.mark.parametrize("seed,rows,vocab,grid", [(5, 6, 200, 4), (12, 9, 77, 2), (6, 3, 40, 5)])
+def test_merge_rows_rank_every_log_prob(seed, rows, vocab, grid):
+    """MERGE from the wide lm_head's logits scratch (``kernels._ph_merge_rows``,
+    ``Tuning.merge_rows``) returns each row's top-K of ``log_softmax`` rounded to the dtype,
+    ties to the lower index, as torch ranks it on the host: over one chunk of the row and over
+    several (the later chunks' rounds merge the list so far), with 32-bit and 64-bit keys (the
+    same bits), in groups of 8 and 16 entries, for rows with a tie wider than K, log-probs that
+    round alike, +0 beside -0 and -inf, on fewer programs than rows and more."""
+    K, KP = 10, 16
+    g = torch.Generator().manual_seed(seed)
+    lg = (torch.randn(rows, vocab, generator=g) * 3).half()
+    lg[0, 7:37] = 20.0  # a tie wider than K, above every other logit
+    lg[1, ::2] = (4.0 + torch.arange(0, vocab, 2) * 1e-3).half()  # distinct logits, log-probs that round alike
+    lg[2, 5], lg[2, 9] = -0.0, 0.0
+    lg[2, 10:] = float("-inf")
+    x = lg.float()
+    mx = x.max(1, keepdim=True).values
+    ref_lp = ((x - mx) - torch.log(torch.exp(x - mx).sum(1, keepdim=True))).half().float()
+    # rank by (log-prob, lower index): a stable sort of the negated log-probs
+    order = torch.sort(-ref_lp, dim=1, stable=True).indices[:, :K]
+    for bv, grp in ((16, 8), (64, 16), (1 << (vocab - 1).bit_length(), 8)):
+        for key32 in (False, True):
+            lp = torch.zeros(rows * KP, device=DEVICE)
+            tok = torch.zeros(rows * KP, dtype=torch.int32, device=DEVICE)
+            _merge_rows_probe[(grid,)](lg.to(DEVICE), vocab, lp, tok, rows, K, KP=KP, BV=bv, KEY32=key32, G=grp)
+            lp, tok = lp.cpu().view(rows, KP)[:, :K], tok.cpu().view(rows, KP)[:, :K]
+            assert torch.equal(tok.long(), order), (bv, grp, key32)
+            assert torch.equal(lp, ref_lp.gather(1, order)), (bv, grp, key32)
+    assert torch.equal(order[0], torch.arange(7, 7 + K))  # the tie of the row's best logit
+
+
+@pytest.mark.parametrize("arch,seed", [("eagle3", 71), ("eagle2", 73)])
+def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
+    """Wide launches with MERGE ranking each row from the lm_head's logits scratch
+    (``Tuning.merge_rows``) in several chunks (``merge_chunk`` 32, halved for fp32's 64-bit keys,
+    of a 56-entry vocabulary): each sequence of a ragged batch drafts what torch_ref drafts for
+    it alone, over three calls - with the context step's own builds (its register lm_head keeps
+    its partials, and its MERGE reads those) and with one build for every phase (as the
+    persistent launch has: every step's lm_head writes the scratch)."""
+    from frontier.backends.triton.backend import TritonBackend
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    for phase_kernels in (True, False):
+        tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, merge_chunk=32,
+                    phase_kernels=phase_kernels)
+        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        p = d.plan(3)
+        assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
+        assert p.ctx_const.get(K_.PH_MERGE) == (dict(MG_ROWS=False) if phase_kernels else None)
+        monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+        seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
+        _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
+    big = _arch_config(arch, 70000, vocab_size=70000)  # (past 65536: the lm_head keeps its own statistics)
+    assert not Drafter(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
 
 
 def test_merge_keys_and_row_grids_draft_the_same_bits():

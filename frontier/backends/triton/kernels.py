@@ -1083,13 +1083,15 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                     BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr,
-                    KEY16: tl.constexpr = False):
+                    KEY16: tl.constexpr = False, STATS: tl.constexpr = True):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
     tiles of BMK rows x the whole slab. The GEMM can then use wide accumulators (few x re-reads)
     without also holding a 64-bit key per logit in registers. Only this program reads back what
-    it wrote (the block barrier orders it), and the scratch rows stay in L2."""
+    it wrote (the block barrier orders it), and the scratch rows stay in L2. STATS=False
+    (``Tuning.merge_rows``): the logits only; MERGE takes the statistics per row
+    (``_ph_merge_rows``)."""
     DT = x_ptr.dtype.element_ty
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS, 1)
@@ -1100,8 +1102,9 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
             if BM2 > 0:
                 tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),
                          mask=rmask[:, None] & (rm2[None, :] < M))
-    tl.debug_barrier()
-    _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K, KP, BMK, BNP, DT, KEY16)
+    if STATS:
+        tl.debug_barrier()
+        _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K, KP, BMK, BNP, DT, KEY16)
 
 
 @triton.jit
@@ -1138,6 +1141,104 @@ def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
         tl.store(keys_ptr + pid * MR * KP + rm[:, None] * KP + col, top, mask=rows_ok[:, None])
         tl.store(max_ptr + pid * MR + rm, rmax, mask=rows_ok)
         tl.store(sum_ptr + pid * MR + rm, rsum, mask=rows_ok)
+
+
+@triton.jit
+def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr, NONE: tl.constexpr):
+    """K rounds of the block maximum: the K best of the keys [n] (and, with MERGE, of the list
+    ``top`` [KP] so far, whose entries are all distinct from ``keys``), best first, as a new
+    [KP] list (entries from K on: NONE)."""
+    new = tl.full(top.shape, NONE, top.dtype)
+    for j in range(K):
+        best = tl.max(keys, axis=0)
+        if MERGE:
+            best = tl.maximum(best, tl.max(top, axis=0))
+            top = tl.where(top == best, NONE, top)
+        new = tl.where(rk == j, best, new)
+        keys = tl.where(keys == best, NONE, keys)
+    return new
+
+
+@triton.jit
+def _lp_keys(row, idx, V, gmax, logs, DT: tl.constexpr, KEY32: tl.constexpr):
+    """Ranking keys of the log-probs at vocabulary indices ``idx`` (any shape) of one logits row:
+    ``((logit - max) - log(sum of exp))`` rounded to DT, then 32-bit ``_keys16`` (KEY32) or
+    64-bit ``_key``s; KEY32_NONE / KEY_NONE at and past V."""
+    valid = idx < V
+    x = tl.load(row + idx, mask=valid, other=float("-inf"))
+    lp = ((x.to(tl.float32) - gmax) - logs).to(DT)
+    if KEY32:
+        keys = _keys16(lp, idx, valid)
+    else:
+        keys = tl.where(valid, _key(lp.to(tl.float32), idx), KEY_NONE)
+    return keys
+
+
+@triton.jit
+def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
+                   KP: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, KEY32: tl.constexpr, G: tl.constexpr = 8):
+    """MERGE from the wide lm_head's logits scratch (``Tuning.merge_rows``): each row's
+    statistics over its whole vocabulary, one program per row, in chunks of BV logits - the
+    max, the sum of exp, and then the top-K of every logit's log-prob rounded to the compute
+    dtype, by (log-prob, lower index): the reference's ``topk(log_softmax(logits))``, ranked on
+    all V entries rather than on the union of per-slab top lists by logit. The lm_head
+    programs then write their logits only and leave the statistics (a chain of dependent block
+    reductions that idles the weight stream) to this phase, which spreads them over the rows
+    instead of over the slabs.
+    The K rounds of maxima run on groups first: a chunk is read as [BV/G, G] (G adjacent
+    entries, which one thread holds), each group ranked by its best key, and the K best groups
+    are kept across chunks. They hold the row's top K (an entry outside them ranks below K
+    group bests, so below K entries), and the last K rounds rank just their K*G entries. KEY32
+    (16-bit dtypes, V <= 65536): the rounds rank 32-bit keys (``_keys16``), 64-bit ``_key``s
+    otherwise."""
+    rv = tl.arange(0, BV)
+    rk = tl.arange(0, KP)
+    rg = tl.arange(0, BV // G)[:, None] * G + tl.arange(0, G)[None, :]  # [BV/G, G]
+    rkg = rk[:, None] * 0 + tl.arange(0, G)[None, :]  # [KP, G]
+    for r in range(pid, R, nprog):
+        row = logit_ptr + r * V
+        mx = tl.full([BV], float("-inf"), tl.float32)
+        for v0 in range(0, V, BV):  # the row max (lane-wise over the chunks, then one reduction)
+            x = tl.load(row + v0 + rv, mask=v0 + rv < V, other=float("-inf"))
+            mx = tl.maximum(mx, x.to(tl.float32))
+        gmax = tl.max(mx, axis=0)
+        sm = tl.zeros([BV], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            x = tl.load(row + v0 + rv, mask=v0 + rv < V, other=float("-inf"))
+            sm += tl.exp(x.to(tl.float32) - gmax)
+        logs = tl.log(tl.sum(sm, axis=0))
+        if KEY32:
+            gtop = tl.full([KP], KEY32_NONE, tl.int32)
+        else:
+            gtop = tl.full([KP], KEY_NONE, tl.int64)
+        for v0 in range(0, V, BV):  # the K best groups (a later chunk's rounds also take the list so far)
+            gbest = tl.max(_lp_keys(row, v0 + rg, V, gmax, logs, DT, KEY32), axis=1)  # [BV/G]
+            if KEY32:
+                if v0 == 0:
+                    gtop = _rank_rounds(gbest, gtop, rk, K, False, KEY32_NONE)
+                else:
+                    gtop = _rank_rounds(gbest, gtop, rk, K, True, KEY32_NONE)
+            else:
+                if v0 == 0:
+                    gtop = _rank_rounds(gbest, gtop, rk, K, False, KEY_NONE)
+                else:
+                    gtop = _rank_rounds(gbest, gtop, rk, K, True, KEY_NONE)
+        # the entries of those groups (none where fewer than K groups exist), ranked
+        if KEY32:
+            g0 = ((0xFFFF - (gtop & 0xFFFF)) // G) * G
+            cand = tl.where((gtop != KEY32_NONE)[:, None], g0[:, None] + rkg, V)
+            keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
+            top = _rank_rounds(keys, gtop, rk, K, False, KEY32_NONE)
+            # widened to the 64-bit key (as _ph_merge's KEY32 form stores them)
+            val = _key16(top >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            wide = tl.where(top == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (top & 0xFFFF)))
+        else:
+            g0 = (_key_idx(gtop) // G) * G
+            cand = tl.where((gtop != KEY_NONE)[:, None], g0[:, None] + rkg, V)
+            keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
+            wide = _rank_rounds(keys, gtop, rk, K, False, KEY_NONE)
+        tl.store(sel_lp_ptr + r * KP + rk, _key_val(wide), mask=rk < K)
+        tl.store(sel_tok_ptr + r * KP + rk, _key_idx(wide), mask=rk < K)
 
 
 @triton.jit
@@ -1460,6 +1561,7 @@ def drafter_kernel(
     BMC: tl.constexpr = 0, BNS_FCC: tl.constexpr = 16, BK_FCC: tl.constexpr = 16, FOLD_FCC: tl.constexpr = 1,
     ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True, INLINE_SUMS: tl.constexpr = False,
+    MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1487,6 +1589,8 @@ def drafter_kernel(
     code and gets that phase's own register allocation.
     TREE_BLOCKS: how the fused attention (batched launches) takes the rows' ancestors
     (``_ph_attn_fused``).
+    MG_ROWS (wide launches, ``Tuning.merge_rows``): the wide lm_head writes its logits scratch
+    only and MERGE ranks each row from it (``_ph_merge_rows``, chunks of BV_MG logits, groups of G_MG).
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1649,13 +1753,17 @@ def drafter_kernel(
                 x_lm = hout_ptr
             if LM_WIDE:
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                                BM, KP, BNS_LM, BK_LM, IEEE, BMK_LM, BNP_LM, BM2=BM2, ST=ST_LM, KEY16=KEY16_LM)
+                                BM, KP, BNS_LM, BK_LM, IEEE, BMK_LM, BNP_LM, BM2=BM2, ST=ST_LM, KEY16=KEY16_LM,
+                                STATS=not MG_ROWS)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM)
         elif ph == 13:  # PH_MERGE (partials: the lm_head programs whose slab holds vocabulary rows)
-            _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K,
-                      MR, KP, BLOCK_P, DT, KEY32_MG)
+            if MG_ROWS:  # (each row from the wide lm_head's logits scratch)
+                _ph_merge_rows(pid, nprog, m_out, lml_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV_MG, DT, KEY32_MG, G_MG)
+            else:
+                _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
+                          K, MR, KP, BLOCK_P, DT, KEY32_MG)
             if QH and ahead:
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
                                BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)

@@ -182,6 +182,21 @@ class Tuning:
     # call 0.135 -> 0.052), batch 64 11.085 / 11.069 vs 11.363 / 11.356; persistent batch 16
     # 4.103 / 4.108 vs 4.224 / 4.215, batch 1 2.372 / 2.369 vs 2.394 / 2.394
     merge_key32: bool = True
+    # wide launches, vocabularies up to 65536 (larger ones keep the lm_head's own statistics): the
+    # lm_head programs write their logits scratch only, and MERGE (one program per row) takes each
+    # row's max, sum of exp and top-K log-probs from it (kernels._ph_merge_rows: chunks of
+    # merge_chunk logits, half that with 64-bit keys; K rounds over the best of each group of
+    # merge_group logits, then over the K best groups' entries), instead of every lm_head program
+    # ranking its slab for all rows after its stream. Twenty-first session, H200, 8B depth 7,
+    # device ms, batch 16, graph: chunks of 16384 2.905 / 2.910 vs 2.982 / 2.987 off (32768:
+    # 2.885); on another machine 16384 2.892 / 2.907, 32768 2.881 / 2.893, groups of 16 / 32
+    # 2.925 / 2.917, MERGE on 4 warps 2.888, on 16 (32768) 2.868. Breakdown without PDL, ms per
+    # call (16384, first machine): lm_head 0.779 -> 0.559, MERGE 0.053 -> 0.151. Persistent 3.857
+    # vs 3.993
+    merge_rows: bool = True
+    merge_chunk: int = 32768
+    merge_group: int = 8
+    merge_warps: Optional[int] = None  # step launches: the tree depths' MERGE builds with merge_rows (None: the launch's)
     # step launches, tree depths: the phases that loop over the rows and stream no weights (PREP,
     # RoPE, the post-attention norm, MERGE and the final norm where they stream no QKV ahead) get
     # one program per row, more than the grid where there are more rows (their builds are small:
@@ -653,6 +668,7 @@ class Drafter:
             ctx_const[K_.PH_GATEUP] = dict(BM=bmb, BM2=0, BNS_GU=bns_guc, BK_GU=bk_guc)
             ctx_const[K_.PH_LMHEAD] = dict(BM=bmb, BM2=0, BNS_LM=bns_lmc, BK_LM=bk_lmc, LM_WIDE=False,
                                            LM_HALVES=tn.lm_halves if bns_lmc >= 32 else 1)
+            ctx_const[K_.PH_MERGE] = dict(MG_ROWS=False)  # (that lm_head leaves per-program partials)
         if fused and tn.ctx_builds and tn.phase_kernels:
             # the fused attention's context step has one row per sequence: a query block of one
             # row's heads (the tree depths' holds top_k rows')
@@ -665,6 +681,8 @@ class Drafter:
         st_fold = (tn.fold_stages or st_lin) if (bmb if wide else bmp) >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + t) * bk * el > tn.smem_bytes for f, bns, bk, t in folds):
             st_fold = st_lin
+        key32_mg = tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536
+        bv_mg = min(_pow2(cfg.vocab_size, 16), max(16, tn.merge_chunk if key32_mg else tn.merge_chunk // 2))
         # the workspace's block sizes depend on the config alone (not on its capacity)
         bs = Workspace.block_sizes(cfg)
         const = dict(
@@ -673,7 +691,8 @@ class Drafter:
             BK_QKVC=bk_qkvc,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
-            KEY32_MG=tn.merge_key32 and el == 2 and cfg.vocab_size <= 65536, INLINE_SUMS=wide and tn.inline_sums,
+            KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums,
+            MG_ROWS=wide and tn.merge_rows and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -909,6 +928,8 @@ class Drafter:
             kw = dict(const, PERSISTENT=False, MAX_SPIN=1, TIMING=False, PHASE=ph if self.tuning.phase_kernels else -1)
             if i == K_.CTX_DEPTH and ph in ctx_const:
                 kw.update(ctx_const[ph])
+            elif ph == K_.PH_MERGE and kw.get("MG_ROWS") and self.tuning.merge_warps:
+                kw["num_warps"] = self.tuning.merge_warps
             if pdl:
                 kw.update(self.pdl_const(st))
                 if ph in self._STREAM_PHASES and self._two_per_sm(args, grid, kw):
