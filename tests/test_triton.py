@@ -1419,12 +1419,14 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     of a 56-entry vocabulary): each sequence of a ragged batch drafts what torch_ref drafts for
     it alone, over three calls - with the context step's own builds (its register lm_head keeps
     its partials, and its MERGE reads those) and with one build for every phase (as the
-    persistent launch has: every step's lm_head writes the scratch)."""
+    persistent launch has: there the context step's wide lm_head keeps its statistics, and the
+    tree depths' write the scratch only) - and the two forms draft the same bits."""
     from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    outs = []
     for phase_kernels in (True, False):
         tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, merge_chunk=32,
                     phase_kernels=phase_kernels)
@@ -1435,6 +1437,8 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
         monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
         seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
         _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
+        outs.append(_draft_tuned(cfg, w, seqs, tn)[1])
+    _assert_same_bits(*outs)  # one more launch of each form: trees, scores and cache rows
     big = _arch_config(arch, 70000, vocab_size=70000)  # (past 65536: the lm_head keeps its own statistics)
     assert not Drafter(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
 

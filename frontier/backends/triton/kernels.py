@@ -1083,14 +1083,14 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                     BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr,
-                    KEY16: tl.constexpr = False, STATS: tl.constexpr = True):
+                    KEY16: tl.constexpr = False, stats=True):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
     tiles of BMK rows x the whole slab. The GEMM can then use wide accumulators (few x re-reads)
     without also holding a 64-bit key per logit in registers. Only this program reads back what
-    it wrote (the block barrier orders it), and the scratch rows stay in L2. STATS=False
-    (``Tuning.merge_rows``): the logits only; MERGE takes the statistics per row
+    it wrote (the block barrier orders it), and the scratch rows stay in L2. ``stats`` false
+    (``Tuning.merge_rows``, tree depths): the logits only; MERGE takes the statistics per row
     (``_ph_merge_rows``)."""
     DT = x_ptr.dtype.element_ty
     for s0 in range(0, RP, BNS):
@@ -1102,7 +1102,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
             if BM2 > 0:
                 tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),
                          mask=rmask[:, None] & (rm2[None, :] < M))
-    if STATS:
+    if stats:
         tl.debug_barrier()
         _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K, KP, BMK, BNP, DT, KEY16)
 
@@ -1589,8 +1589,9 @@ def drafter_kernel(
     code and gets that phase's own register allocation.
     TREE_BLOCKS: how the fused attention (batched launches) takes the rows' ancestors
     (``_ph_attn_fused``).
-    MG_ROWS (wide launches, ``Tuning.merge_rows``): the wide lm_head writes its logits scratch
-    only and MERGE ranks each row from it (``_ph_merge_rows``, chunks of BV_MG logits, groups of G_MG).
+    MG_ROWS (wide launches, ``Tuning.merge_rows``): at the tree depths the wide lm_head writes its
+    logits scratch only and MERGE ranks each row from it (``_ph_merge_rows``, chunks of BV_MG
+    logits, groups of G_MG); the context step keeps the per-program partials.
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1752,14 +1753,17 @@ def drafter_kernel(
             else:
                 x_lm = hout_ptr
             if LM_WIDE:
+                lm_stats = True
+                if MG_ROWS:  # (the context step keeps its per-program partials: the same bits as step launches'
+                    lm_stats = is_ctx  # own context builds, whose register lm_head leaves them)
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                                 BM, KP, BNS_LM, BK_LM, IEEE, BMK_LM, BNP_LM, BM2=BM2, ST=ST_LM, KEY16=KEY16_LM,
-                                STATS=not MG_ROWS)
+                                stats=lm_stats)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                            BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM)
         elif ph == 13:  # PH_MERGE (partials: the lm_head programs whose slab holds vocabulary rows)
-            if MG_ROWS:  # (each row from the wide lm_head's logits scratch)
+            if MG_ROWS and not is_ctx:  # (tree depths: each row from the wide lm_head's logits scratch)
                 _ph_merge_rows(pid, nprog, m_out, lml_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV_MG, DT, KEY32_MG, G_MG)
             else:
                 _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,

@@ -192,7 +192,7 @@ class Tuning:
     # 2.885); on another machine 16384 2.892 / 2.907, 32768 2.881 / 2.893, groups of 16 / 32
     # 2.925 / 2.917, MERGE on 4 warps 2.888, on 16 (32768) 2.868. Breakdown without PDL, ms per
     # call (16384, first machine): lm_head 0.779 -> 0.559, MERGE 0.053 -> 0.151. Persistent 3.857
-    # vs 3.993
+    # vs 3.993. 1B preset batch 16: graph 1.616 / 1.623 vs 1.705 / 1.694, persistent 2.445 vs 2.502
     merge_rows: bool = True
     merge_chunk: int = 32768
     merge_group: int = 8
