@@ -1144,10 +1144,15 @@ def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
 
 
 @triton.jit
-def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr, NONE: tl.constexpr):
+def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr):
     """K rounds of the block maximum: the K best of the keys [n] (and, with MERGE, of the list
     ``top`` [KP] so far, whose entries are all distinct from ``keys``), best first, as a new
-    [KP] list (entries from K on: NONE)."""
+    [KP] list (entries from K on: the empty key of the keys' width, KEY32_NONE for 32-bit
+    ``_keys16``, KEY_NONE for 64-bit ``_key``s)."""
+    if top.dtype == tl.int32:
+        NONE: tl.constexpr = KEY32_NONE
+    else:
+        NONE: tl.constexpr = KEY_NONE
     new = tl.full(top.shape, NONE, top.dtype)
     for j in range(K):
         best = tl.max(keys, axis=0)
@@ -1213,22 +1218,16 @@ def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
             gtop = tl.full([KP], KEY_NONE, tl.int64)
         for v0 in range(0, V, BV):  # the K best groups (a later chunk's rounds also take the list so far)
             gbest = tl.max(_lp_keys(row, v0 + rg, V, gmax, logs, DT, KEY32), axis=1)  # [BV/G]
-            if KEY32:
-                if v0 == 0:
-                    gtop = _rank_rounds(gbest, gtop, rk, K, False, KEY32_NONE)
-                else:
-                    gtop = _rank_rounds(gbest, gtop, rk, K, True, KEY32_NONE)
+            if v0 == 0:  # (no list so far: the first chunk skips its reduction in each round)
+                gtop = _rank_rounds(gbest, gtop, rk, K, False)
             else:
-                if v0 == 0:
-                    gtop = _rank_rounds(gbest, gtop, rk, K, False, KEY_NONE)
-                else:
-                    gtop = _rank_rounds(gbest, gtop, rk, K, True, KEY_NONE)
+                gtop = _rank_rounds(gbest, gtop, rk, K, True)
         # the entries of those groups (none where fewer than K groups exist), ranked
         if KEY32:
             g0 = ((0xFFFF - (gtop & 0xFFFF)) // G) * G
             cand = tl.where((gtop != KEY32_NONE)[:, None], g0[:, None] + rkg, V)
             keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
-            top = _rank_rounds(keys, gtop, rk, K, False, KEY32_NONE)
+            top = _rank_rounds(keys, gtop, rk, K, False)
             # widened to the 64-bit key (as _ph_merge's KEY32 form stores them)
             val = _key16(top >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
             wide = tl.where(top == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (top & 0xFFFF)))
@@ -1236,7 +1235,7 @@ def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
             g0 = (_key_idx(gtop) // G) * G
             cand = tl.where((gtop != KEY_NONE)[:, None], g0[:, None] + rkg, V)
             keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
-            wide = _rank_rounds(keys, gtop, rk, K, False, KEY_NONE)
+            wide = _rank_rounds(keys, gtop, rk, K, False)
         tl.store(sel_lp_ptr + r * KP + rk, _key_val(wide), mask=rk < K)
         tl.store(sel_tok_ptr + r * KP + rk, _key_idx(wide), mask=rk < K)
 
