@@ -30,6 +30,9 @@ ap.add_argument("--variants", default="base,-norm_post+norm_f,-prep3,-rope,+noop
 ap.add_argument("--rounds", type=int, default=4)
 ap.add_argument("--reps", type=int, default=30)
 ap.add_argument("--ctx", action="store_true", help="drop the phases in the context step too")
+ap.add_argument("--mode", default="persistent", choices=["persistent", "graph"],
+                help="graph: the CUDA graph of phase kernels (each entry its own launch, so a doubled "
+                     "entry's second launch finds the first one's code in the instruction caches)")
 a = ap.parse_args()
 
 
@@ -65,13 +68,15 @@ drafters = {}
 for spec in specs:
     d = Drafter(setup.cfg, torch.bfloat16, dev, Tuning())
     for key, s in d.schedules.items():
-        d.schedules[key] = torch.tensor(variant_schedule(s.tolist(), spec), dtype=torch.int32, device=dev)
+        codes = variant_schedule(s.tolist(), spec)
+        d.schedules[key] = torch.tensor(codes, dtype=torch.int32, device=dev)
+        d.schedule_codes[key] = codes  # the host copy that step launches (graph mode) walk
     drafters[spec] = d
 
 
 def go(d, timing=0):
     d.alloc_outputs(a.batch)
-    d.run_batch(setup.weights, setup.triton_seqs(), "persistent", timing=timing)
+    d.run_batch(setup.weights, setup.triton_seqs(), "persistent" if timing else a.mode, timing=timing)
 
 
 for spec, d in drafters.items():
@@ -83,7 +88,7 @@ for r in range(a.rounds):
     for spec in specs:
         times[spec].append(time_calls(lambda: go(drafters[spec]), reps=a.reps, device_only=True))
 base = sorted(times[specs[0]])[a.rounds // 2]
-print(f"{a.preset} depth {a.depth} batch {a.batch}: device ms per call, {a.rounds} alternated rounds "
+print(f"{a.preset} depth {a.depth} batch {a.batch}, {a.mode}: device ms per call, {a.rounds} alternated rounds "
       f"(median of {a.reps} each); difference to {specs[0]} per call and per tree depth")
 for spec in specs:
     t = sorted(times[spec])
@@ -91,7 +96,7 @@ for spec in specs:
     n = len(drafters[spec].schedules[False, False])
     print(f"  {spec:28s} {med:7.3f} ms  (rounds {' '.join(f'{x:.3f}' for x in times[spec])})  "
           f"{1e3 * (med - base):+7.1f} us/call {1e3 * (med - base) / a.depth:+6.1f} us/depth  entries {n}")
-for spec in specs:
+for spec in specs if a.mode == "persistent" else []:  # (the in-kernel timer is the persistent launch's)
     runs = []
     d = drafters[spec]
     for _ in range(5):
