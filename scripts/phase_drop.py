@@ -1,5 +1,6 @@
-"""What each small phase costs the persistent drafter: the same launch with phases removed from
-(or no-op entries added to) its schedule, timed alternately with the real schedule.
+"""What each small phase costs the persistent drafter (or, ``--mode graph``, the CUDA graph of
+phase kernels): the same launch with phases removed from (or no-op entries added to) its
+schedule, timed alternately with the real schedule.
 
 A schedule without a phase computes garbage (its consumers read stale buffers), so only the
 times mean anything: the difference to the real schedule bounds what fusing that phase into a
@@ -8,7 +9,8 @@ tree depth that match no phase: a program's cost of one barrier with nothing to 
 runs a tree depth's (idempotent) phase twice in a row: the second run finds its code in the
 instruction caches (a weight stream also part of its weights still in L2), so first minus
 second bounds what a cold start costs. SELECT and FINAL cannot be dropped (FINAL would index with
-row-parent entries that SELECT never wrote) and SELECT is not idempotent.
+row-parent entries that SELECT never wrote) and SELECT is not idempotent; at narrow launches
+MERGE runs SELECT (``Tuning.select_in_merge``), so the same holds for MERGE there.
 
     python3 scripts/phase_drop.py --variants base,-norm_post+norm_f,-prep3,+noop5,*rope --rounds 4
 """
@@ -39,13 +41,15 @@ a = ap.parse_args()
 def variant_schedule(sched: list[int], spec: str) -> list[int]:
     if spec == "base":
         return sched
+    # the entry that ends a tree depth: SELECT, or MERGE where it runs SELECT (Tuning.select_in_merge)
+    last = K_.PH_SELECT if any(c // 256 == K_.PH_SELECT for c in sched) else K_.PH_MERGE
     if spec.startswith("+noop"):
         n = int(spec[5:])
         out = []
         for code in sched:
             out.append(code)
             ph, i = divmod(code, 256)
-            if i != K_.CTX_DEPTH and ph == K_.PH_SELECT:
+            if i != K_.CTX_DEPTH and ph == last:
                 out += [NOOP * 256 + i] * n
         return out
     if spec.startswith("*"):
@@ -56,7 +60,7 @@ def variant_schedule(sched: list[int], spec: str) -> list[int]:
         return out
     drop = {getattr(K_, "PH_" + name.upper()) for name in spec.lstrip("-").split("+")}
     # without SELECT the row-parent entries stay unwritten and FINAL would index with garbage
-    assert K_.PH_SELECT not in drop and K_.PH_FINAL not in drop, "SELECT / FINAL cannot be dropped"
+    assert not drop & {K_.PH_SELECT, K_.PH_FINAL, last}, "SELECT / FINAL (and a MERGE that runs SELECT) cannot be dropped"
     return [c for c in sched if not (c // 256 in drop and (a.ctx or c % 256 != K_.CTX_DEPTH))]
 
 

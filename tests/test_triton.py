@@ -763,9 +763,9 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     on a 12-program grid a ragged batch of 3 (split and fused attention, the hidden-half QKV
     ahead for eagle3) drafts the same trees, scores and cache rows, bit for bit, as the whole
     phase switch on the full grid (several seeds; one head with a hidden size of 30 and 3 heads
-    over 1 KV head) - and SELECT / FINAL run one program per sequence, the weight streams on the
-    whole grid, MERGE on the whole grid where it streams the next depth's QKV and else one
-    program per row."""
+    over 1 KV head) - and FINAL runs one program per sequence (SELECT, run by MERGE at this narrow
+    launch, is no entry of its own), the weight streams on the whole grid, MERGE on the whole
+    grid where it streams the next depth's QKV and else one program per row."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
@@ -779,7 +779,7 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     _, old = _draft_tuned(cfg, w, seqs, Tuning(phase_kernels=False, step_grids=False, **over))
     _assert_same_bits(new, old)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
-    assert grids[K_.PH_SELECT] == grids[K_.PH_FINAL] == 3
+    assert K_.PH_SELECT not in grids and grids[K_.PH_FINAL] == 3
     assert grids[K_.PH_LMHEAD] == grids[K_.PH_GATEUP] == 12
     merges = [(code % 256, g) for code, g in zip(d.schedule_list, d.step_grid_list) if code // 256 == K_.PH_MERGE]
     for i, g in merges:  # the whole grid where it streams the next depth's QKV, else one program per row
@@ -835,6 +835,46 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=False))
     _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=True, pdl_trigger="start"))
     _assert_same_bits(a, b)
+
+
+@pytest.mark.parametrize("arch,batch,grid,seed", [("eagle3", 1, 12, 31), ("eagle3", 3, 2, 37), ("eagle2", 3, 12, 41),
+                                                   ("eagle2", 2, 5, 43)])
+def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid, seed):
+    """``Tuning.select_in_merge`` (narrow launches): the MERGE program that merges a sequence's
+    last row runs its SELECT, and the schedule has no SELECT entry. Over three calls on one
+    drafter (fresh caches each) it drafts the same trees, scores and cache rows, bit for bit, as
+    SELECT's own phase - one sequence and ragged batches, each program merging one row (12
+    programs) or several, whose last may come from any program (2 and 5) - and each sequence's
+    count of merged rows is back at 0 after every call."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
+    from frontier.cache import DraftCache
+
+    cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
+                        target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=32, num_attention_heads=4,
+                        num_key_value_heads=2)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
+    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid))
+    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=False))
+    assert on.tuning.select_in_merge and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
+    for call in range(3):
+        got = []
+        for d in (on, off):
+            calls = []
+            for ids, feats in seqs:
+                cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
+                calls.append(SeqCall(feats[0].to(DEVICE, w.dtype), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE),
+                                     cache, 0, feats.shape[1]))
+            d.alloc_outputs(len(calls))
+            d.run_batch(w, calls, "steps")
+            got.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
+        _assert_same_bits(*got)
+        assert not on.ws.sync[2:].any(), call
+    phases = lambda d: {c // 256 for c in d.schedule_list}  # noqa: E731
+    assert K_.PH_SELECT not in phases(on) and K_.PH_SELECT in phases(off)
+    assert len(on.schedule_list) == len(off.schedule_list) - (cfg.depth + 1)
+    assert on.ws.sync.numel() >= 2 + batch
 
 
 def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits(monkeypatch):

@@ -1248,34 +1248,41 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
     vocabularies up to 65536): the K rounds of maxima rank 32-bit keys - the rounded log-prob's
     16 bits, order-preserving, above 16 bits of 0xFFFF - index (``_keys16``) - in the same
     order as the 64-bit ``_key``s, at half the width of every comparison and shuffle."""
+    for r in range(pid, R, nprog):
+        _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR, KP, BLOCK_P, DT, KEY32)
+
+
+@triton.jit
+def _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
+               KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr, KEY32: tl.constexpr):
+    """``_ph_merge`` for row r."""
     rp = tl.arange(0, BLOCK_P)
     pm = rp < P
     rk = tl.arange(0, KP)
-    for r in range(pid, R, nprog):
-        pmax = tl.load(max_ptr + rp * MR + r, mask=pm, other=float("-inf"), cache_modifier=".cg")
-        psum = tl.load(sum_ptr + rp * MR + r, mask=pm, other=0.0, cache_modifier=".cg")
-        gmax = tl.max(pmax, axis=0)
-        scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
-        logs = tl.log(tl.sum(psum * scale, axis=0))
-        ks = tl.load(keys_ptr + rp[:, None] * MR * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
-        lp = ((_key_val(ks) - gmax) - logs).to(DT)
-        if KEY32:
-            k2 = _keys16(lp, _key_idx(ks).to(tl.int32), ks != KEY_NONE)
-            none = KEY32_NONE
+    pmax = tl.load(max_ptr + rp * MR + r, mask=pm, other=float("-inf"), cache_modifier=".cg")
+    psum = tl.load(sum_ptr + rp * MR + r, mask=pm, other=0.0, cache_modifier=".cg")
+    gmax = tl.max(pmax, axis=0)
+    scale = tl.where(pmax == float("-inf"), 0.0, tl.exp(pmax - gmax))
+    logs = tl.log(tl.sum(psum * scale, axis=0))
+    ks = tl.load(keys_ptr + rp[:, None] * MR * KP + r * KP + rk[None, :], mask=pm[:, None], other=KEY_NONE, cache_modifier=".cg")
+    lp = ((_key_val(ks) - gmax) - logs).to(DT)
+    if KEY32:
+        k2 = _keys16(lp, _key_idx(ks).to(tl.int32), ks != KEY_NONE)
+        none = KEY32_NONE
+    else:
+        k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp.to(tl.float32), _key_idx(ks)))
+        none = KEY_NONE
+    for j in range(K):
+        best = tl.max(tl.max(k2, axis=1), axis=0)
+        if KEY32:  # widened to the 64-bit key; no candidate left (which a vocabulary of >= K
+            # entries never leaves) stores what the 64-bit ranking stores then
+            val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
         else:
-            k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp.to(tl.float32), _key_idx(ks)))
-            none = KEY_NONE
-        for j in range(K):
-            best = tl.max(tl.max(k2, axis=1), axis=0)
-            if KEY32:  # widened to the 64-bit key; no candidate left (which a vocabulary of >= K
-                # entries never leaves) stores what the 64-bit ranking stores then
-                val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-                wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
-            else:
-                wide = best
-            tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
-            tl.store(sel_tok_ptr + r * KP + j, _key_idx(wide))
-            k2 = tl.where(k2 == best, none, k2)
+            wide = best
+        tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
+        tl.store(sel_tok_ptr + r * KP + j, _key_idx(wide))
+        k2 = tl.where(k2 == best, none, k2)
 
 
 @triton.jit
@@ -1516,6 +1523,22 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr, BAR: tl.constexpr = 0):
     tl.debug_barrier()
 
 
+@triton.jit
+def _last_arrival(ticket_ptr, n):
+    """Whether this program is the n-th (last) to arrive at the counter ``ticket_ptr`` (each
+    program that arrives adds 1: a release, so what it wrote before is visible to the last one,
+    whose add also acquires). The last one sets the counter back to 0 for its next use (a later
+    launch, or a later phase after a barrier). No program waits, so the order the programs run
+    in does not matter (the interpreter runs them one after another)."""
+    tl.debug_barrier()
+    old = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    last = old == n - 1
+    if last:
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    return last
+
+
 # ----------------------------------------------------------------------------------------------
 # the kernel
 # ----------------------------------------------------------------------------------------------
@@ -1560,7 +1583,7 @@ def drafter_kernel(
     BMC: tl.constexpr = 0, BNS_FCC: tl.constexpr = 16, BK_FCC: tl.constexpr = 16, FOLD_FCC: tl.constexpr = 1,
     ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True, INLINE_SUMS: tl.constexpr = False,
-    MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8,
+    MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1591,6 +1614,10 @@ def drafter_kernel(
     MG_ROWS (wide launches, ``Tuning.merge_rows``): at the tree depths the wide lm_head writes its
     logits scratch only and MERGE ranks each row from it (``_ph_merge_rows``, chunks of BV_MG
     logits, groups of G_MG); the context step keeps the per-program partials.
+    SEL_MG (narrow launches, ``Tuning.select_in_merge``; the schedule then has no PH_SELECT):
+    MERGE counts each sequence's merged rows (``_last_arrival`` on sync_ptr[2 + b]) and the
+    program that merges its last one runs its SELECT right away, while the other programs still
+    stream the next depth's QKV hidden half (QH), instead of a phase of its own after MERGE.
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1764,6 +1791,21 @@ def drafter_kernel(
         elif ph == 13:  # PH_MERGE (partials: the lm_head programs whose slab holds vocabulary rows)
             if MG_ROWS and not is_ctx:  # (tree depths: each row from the wide lm_head's logits scratch)
                 _ph_merge_rows(pid, nprog, m_out, lml_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV_MG, DT, KEY32_MG, G_MG)
+            elif SEL_MG:  # the program that merges a sequence's last row runs that sequence's SELECT
+                per_seq = tl.where(is_ctx, 1, K)  # rows per sequence: the root, or the K frontier rows
+                for r in range(pid, m_out, nprog):
+                    _merge_row(r, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR, KP,
+                               BLOCK_P, DT, KEY32_MG)
+                    b = r // per_seq
+                    if _last_arrival(sync_ptr + 2 + b, per_seq):
+                        if is_ctx:
+                            _ph_select(b, B, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                                       fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
+                                       row_par_ptr, V, True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+                        else:
+                            _ph_select(b, B, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                                       fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
+                                       row_par_ptr, V, False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
             else:
                 _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
                           K, MR, KP, BLOCK_P, DT, KEY32_MG)

@@ -51,13 +51,15 @@ def num_sms(device: torch.device) -> int:
 
 
 def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_attention: bool = False,
-                   inline_sums: bool = False) -> list[int]:
+                   inline_sums: bool = False, select_in_merge: bool = False) -> list[int]:
     """Schedule entries ``phase * 256 + depth`` (depth 255 = the context step). ``split_k`` (wide
     launches) adds the reductions of the tree depths' split-K QKV, o_proj and down;
     ``fused_attention`` (batched launches) runs attention as one phase instead of three.
     ``inline_sums`` (with ``split_k``): the phase after each split-K phase sums its partials
     itself - RoPE the QKV's, the norm after o_proj the o_proj's and, for eagle3, the final norm
-    down's - so no reduction is a phase of its own (eagle2's down keeps its own: no norm follows)."""
+    down's - so no reduction is a phase of its own (eagle2's down keeps its own: no norm follows).
+    ``select_in_merge`` (narrow launches only: without ``split_k``): no SELECT entries - MERGE
+    runs each sequence's SELECT itself (the kernel's SEL_MG)."""
     if architecture == "eagle3":
         ctx_head, tree_head = [K_.PH_FC, K_.PH_PREP3], [K_.PH_PREP3]
         tail = [K_.PH_QKV, K_.PH_ROPE, K_.PH_ATTN, K_.PH_ATTN2, K_.PH_ATTN3, K_.PH_OPROJ, K_.PH_NORM_POST,
@@ -69,6 +71,8 @@ def build_schedule(architecture: str, depth: int, split_k: bool = False, fused_a
     if fused_attention:
         at = tail.index(K_.PH_ATTN)
         tail = tail[:at] + [K_.PH_ATTN_F] + tail[at + 3:]
+    if select_in_merge and not split_k:
+        tail = [p for p in tail if p != K_.PH_SELECT]
     tree_tail = list(tail)
     if split_k:
         reds = []
@@ -205,6 +209,15 @@ class Tuning:
     # graph, device ms, on vs off (with inline_sums): batch 16 3.042 / 3.039 vs 3.123 / 3.121,
     # batch 64 10.687 / 10.668 vs 11.067 / 11.093, batch 4 3.109 / 3.110 vs 3.088 / 3.109
     row_grids: bool = True
+    # narrow launches (wide ones keep PH_SELECT): SELECT is no phase of its own; the MERGE
+    # program that merges a sequence's last row runs it (kernel SEL_MG), beside the programs
+    # still streaming the next depth's QKV hidden half at batch 1 (eagle3), and without a launch
+    # or barrier of its own elsewhere. Twenty-second session, H200, batch 1 depth 7, device ms,
+    # on vs off, three alternated pairs: 8B graph 1.957 / 1.963 / 1.964 vs 1.998 / 1.999 / 1.999,
+    # persistent 2.341 / 2.339 / 2.336 vs 2.381 / 2.381 / 2.392; 1B graph 1.058 / 1.074 / 1.073
+    # vs 1.076 (x3), persistent 1.334 / 1.328 / 1.335 vs 1.335 / 1.334 / 1.336 (its QKV half is too
+    # short a stream to hide SELECT behind); bf16 tokens the same
+    select_in_merge: bool = True
     # wide launches: the context step's fc and QKV (the phases over the call's N new rows) take
     # an activation tile of pow2(batch x ctx_rows) rows (at least 16) with its own k-chunk and
     # fold, whenever N fits in it (the kernel picks at run time; more rows take the tree rows'
@@ -405,7 +418,9 @@ class Workspace:
         self.row_par = e(batch, self.rpw, dt=torch.int64)
         self.cnt = e(batch, self.block_c, dt=torch.int32)
         self.pf = e(batch, self.pfw, dt=torch.int32)
-        self.sync = torch.zeros(2, dtype=torch.int32, device=device)
+        # [0] the persistent launch's barrier counter, [1] its error flag, [2 + b] sequence b's
+        # count of merged rows (SEL_MG: back to 0 after each MERGE)
+        self.sync = torch.zeros(2 + batch, dtype=torch.int32, device=device)
         self.times = torch.zeros(1, dtype=torch.int64, device=device)
 
     @staticmethod
@@ -442,7 +457,8 @@ class Drafter:
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
         self.schedule_codes = {
-            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums)
+            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums,
+                                           self.tuning.select_in_merge)
             for split in (False, True) for fused in (False, True)
         }
         self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
@@ -693,6 +709,7 @@ class Drafter:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums,
             MG_ROWS=wide and tn.merge_rows and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
+            SEL_MG=tn.select_in_merge and not wide,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
