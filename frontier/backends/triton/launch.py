@@ -8,6 +8,7 @@ The schedule is the list of phases one draft call runs (``kernels.drafter_kernel
                    [NORM_F], LMHEAD, MERGE, SELECT
     end:           FINAL
 
+Narrow launches (``Tuning.select_in_merge``) drop the SELECT entries: MERGE runs SELECT.
 Big batches use a variant (``build_schedule``): one fused attention phase, and split-K QKV,
 o_proj and down, each followed by its reduction phase.
 
