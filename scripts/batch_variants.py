@@ -98,27 +98,11 @@ TUNINGS = {
 
 
 def tuning_of(name):
-    """A named tuning, or one spelled inline as ``field=value+field=value`` (ints, floats,
-    true/false, none, or strings)."""
+    """A named tuning, or one spelled inline as ``field=value+field=value`` (each value parsed
+    as its field's type: ``Tuning.overrides``)."""
     if "=" not in name:
         return TUNINGS[name]
-    fields = {}
-    for kv in name.split("+"):
-        k, v = kv.split("=")
-        low = v.lower()
-        if low in ("true", "false"):
-            fields[k] = low == "true"
-        elif low == "none":
-            fields[k] = None
-        else:
-            try:
-                fields[k] = int(v)
-            except ValueError:
-                try:
-                    fields[k] = float(v)
-                except ValueError:
-                    fields[k] = v
-    return fields
+    return Tuning.overrides(name.split("+"))
 
 
 def program_skew(schedule, start, arrive, leave):

@@ -32,12 +32,7 @@ ap.add_argument("--cubin", default=None, help="also write the cubin here (cuobjd
 ap.add_argument("--ttgir", default=None, help="also write the TritonGPU IR here (layouts, conversions)")
 a = ap.parse_args()
 
-over = {}
-for kv in a.tuning:
-    k, v = kv.split("=")
-    cur = getattr(L.Tuning(), k)
-    over[k] = v.lower() in ("1", "true") if isinstance(cur, bool) else type(cur if cur is not None else 0)(v)
-tn = L.Tuning(grid=a.grid, **over)
+tn = L.Tuning(**{"grid": a.grid, **L.Tuning.overrides(a.tuning)})
 setup = BatchCallSetup(BenchCase(preset=a.preset, depth=a.depth, batch=a.batch, context=64), device=torch.device("cpu"),
                        dtype=torch.bfloat16)
 captured = {}

@@ -823,6 +823,27 @@ def test_pdl_trigger_policies_pick_when_each_launch_lets_the_next_start():
         Tuning(pdl_trigger="early")
 
 
+def test_tuning_overrides_parse_each_field_as_its_type():
+    """``Tuning.overrides`` (the scripts' ``field=value`` tunings): each value parsed as its
+    field's type, ``none`` for Optional fields; an unknown field or a value of the wrong type is a
+    ValueError naming the override."""
+    from frontier.backends.triton.launch import Tuning
+
+    got = Tuning.overrides(["merge_rows=false", "merge_chunk=8192", "merge_warps=none", "lin_stages=3",
+                            "pdl_trigger=start", "select_in_merge=1", "gu_stages=None"])
+    assert got == dict(merge_rows=False, merge_chunk=8192, merge_warps=None, lin_stages=3, pdl_trigger="start",
+                       select_in_merge=True, gu_stages=None)
+    assert type(got["merge_chunk"]) is int and type(got["merge_rows"]) is bool
+    assert Tuning(**got).merge_chunk == 8192
+    assert Tuning.overrides([]) == {}
+    for bad, msg in [("merge_rows", "expected field=value"), ("no_such=1", "no field 'no_such'"),
+                     ("merge_rows=maybe", "merge_rows takes true or false"),
+                     ("merge_chunk=big", "merge_chunk takes an integer"),
+                     ("merge_chunk=none", "merge_chunk takes an integer")]:
+        with pytest.raises(ValueError, match=msg):
+            Tuning.overrides([bad])
+
+
 def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     """``Tuning(pdl=True)`` under the interpreter (and on a CPU) makes plain step launches: the
     same trees, scores and cache rows as without it."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -281,6 +281,38 @@ class Tuning:
         if self.pdl_trigger not in self.PDL_TRIGGERS:
             raise ValueError(f"Tuning.pdl_trigger must be one of {', '.join(self.PDL_TRIGGERS)}; "
                              f"got {self.pdl_trigger!r}")
+
+    @classmethod
+    def overrides(cls, pairs) -> dict:
+        """Field overrides from ``"field=value"`` strings (the scripts' ``--tuning`` / inline
+        tunings), each value parsed as its field's type: ``true`` / ``false`` (or 1 / 0) for a
+        bool, an integer for an int, ``none`` for an Optional field, else the text. An unknown
+        field or a value of the wrong type is a ValueError naming it."""
+        types = {f.name: f.type for f in fields(cls)}
+        out = {}
+        for kv in pairs:
+            name, sep, text = kv.partition("=")
+            if not sep:
+                raise ValueError(f"tuning override {kv!r}: expected field=value")
+            if name not in types:
+                raise ValueError(f"tuning override {kv!r}: Tuning has no field {name!r} "
+                                 f"(fields: {', '.join(sorted(types))})")
+            kind = str(types[name])
+            low = text.strip().lower()
+            if kind.startswith("Optional[") and low == "none":
+                out[name] = None
+            elif "bool" in kind:
+                if low not in ("true", "false", "1", "0"):
+                    raise ValueError(f"tuning override {kv!r}: {name} takes true or false")
+                out[name] = low in ("true", "1")
+            elif "int" in kind:
+                try:
+                    out[name] = int(text)
+                except ValueError:
+                    raise ValueError(f"tuning override {kv!r}: {name} takes an integer") from None
+            else:
+                out[name] = text
+        return out
 
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
