@@ -32,7 +32,8 @@ ap.add_argument("--cubin", default=None, help="also write the cubin here (cuobjd
 ap.add_argument("--ttgir", default=None, help="also write the TritonGPU IR here (layouts, conversions)")
 a = ap.parse_args()
 
-tn = L.Tuning(**{"grid": a.grid, **L.Tuning.overrides(a.tuning)})
+over = L.Tuning.overrides(a.tuning)
+tn = L.Tuning(**{"grid": a.grid, **over})
 setup = BatchCallSetup(BenchCase(preset=a.preset, depth=a.depth, batch=a.batch, context=64), device=torch.device("cpu"),
                        dtype=torch.bfloat16)
 captured = {}
