@@ -956,15 +956,21 @@ def _keys16(vals, idx, valid):
 
 
 @triton.jit
+def _wide_key(k, DT: tl.constexpr, base=0):
+    """The 64-bit ``_key`` of 32-bit ``_keys16`` keys ``k``: (the value widened to fp32, base +
+    the slab-local index); KEY_NONE where ``k`` is KEY32_NONE."""
+    val = _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return tl.where(k == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (k & 0xFFFF)))
+
+
+@triton.jit
 def _top_rounds16(keys, top, col, K, base, DT: tl.constexpr):
     """K rounds of row maxima over 32-bit keys [rows, n] (``_keys16``): column j of ``top``
     [rows, KP] gets the j-th best as a ``_key`` of (value as fp32, base + slab-local index);
     rows with fewer than j+1 valid keys get KEY_NONE."""
     for j in range(K):
         best = tl.max(keys, axis=1)
-        val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-        wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (best & 0xFFFF)))
-        top = tl.where(col == j, wide[:, None], top)
+        top = tl.where(col == j, _wide_key(best, DT, base)[:, None], top)
         keys = tl.where(keys == best[:, None], KEY32_NONE, keys)
     return top
 
@@ -1227,10 +1233,8 @@ def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
             g0 = ((0xFFFF - (gtop & 0xFFFF)) // G) * G
             cand = tl.where((gtop != KEY32_NONE)[:, None], g0[:, None] + rkg, V)
             keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
-            top = _rank_rounds(keys, gtop, rk, K, False)
             # widened to the 64-bit key (as _ph_merge's KEY32 form stores them)
-            val = _key16(top >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-            wide = tl.where(top == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (top & 0xFFFF)))
+            wide = _wide_key(_rank_rounds(keys, gtop, rk, K, False), DT)
         else:
             g0 = (_key_idx(gtop) // G) * G
             cand = tl.where((gtop != KEY_NONE)[:, None], g0[:, None] + rkg, V)
@@ -1276,8 +1280,7 @@ def _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
         best = tl.max(tl.max(k2, axis=1), axis=0)
         if KEY32:  # widened to the 64-bit key; no candidate left (which a vocabulary of >= K
             # entries never leaves) stores what the 64-bit ranking stores then
-            val = _key16(best >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-            wide = tl.where(best == KEY32_NONE, KEY_NONE, _key(val, 0xFFFF - (best & 0xFFFF)))
+            wide = _wide_key(best, DT)
         else:
             wide = best
         tl.store(sel_lp_ptr + r * KP + j, _key_val(wide))
@@ -1360,6 +1363,21 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(fr_src_ptr + fb + rr, fb + prow, mask=rmask)
             tl.store(fr_pick_ptr + fb + rr, npick.to(tl.int64), mask=rmask)
         tl.debug_barrier()
+
+
+@triton.jit
+def _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                    fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                    HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr, DT: tl.constexpr):
+    """``_ph_select`` for a schedule step: its context-step form where ``is_ctx``, else its tree-depth form."""
+    if is_ctx:
+        _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
+                   fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V, True, HAS_D2T,
+                   BLOCK_K, BLOCK_A, DT)
+    else:
+        _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
+                   fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V, False, HAS_D2T,
+                   BLOCK_K, BLOCK_A, DT)
 
 
 @triton.jit
@@ -1797,15 +1815,10 @@ def drafter_kernel(
                     _merge_row(r, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR, KP,
                                BLOCK_P, DT, KEY32_MG)
                     b = r // per_seq
-                    if _last_arrival(sync_ptr + 2 + b, per_seq):
-                        if is_ctx:
-                            _ph_select(b, B, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
-                                       fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
-                                       row_par_ptr, V, True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
-                        else:
-                            _ph_select(b, B, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
-                                       fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
-                                       row_par_ptr, V, False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+                    if _last_arrival(sync_ptr + 2 + b, per_seq):  # (program b of B: sequence b alone)
+                        _ph_select_step(b, B, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr,
+                                        fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr,
+                                        cand_tok_ptr, row_par_ptr, V, HAS_D2T, BLOCK_K, BLOCK_A, DT)
             else:
                 _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
                           K, MR, KP, BLOCK_P, DT, KEY32_MG)
@@ -1813,14 +1826,9 @@ def drafter_kernel(
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
                                BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
         elif ph == 14:  # PH_SELECT
-            if is_ctx:
-                _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
-                           fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                           True, HAS_D2T, BLOCK_K, BLOCK_A, DT)
-            else:
-                _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
-                           fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                           False, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+            _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
+                            fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
+                            HAS_D2T, BLOCK_K, BLOCK_A, DT)
         elif ph == 15:  # PH_FINAL
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,
