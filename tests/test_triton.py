@@ -470,10 +470,18 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
     """One launch (``mode``: "steps", or "persistent" on a GPU, with ``timing`` stamps) of the
     ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the drafter and (tokens, parents,
     scores, the SeqCalls with their caches)."""
-    from frontier.backends.triton.launch import Drafter, SeqCall
-    from frontier.cache import DraftCache
+    from frontier.backends.triton.launch import Drafter
 
     d = Drafter(cfg, w.dtype, torch.device(DEVICE), tn)
+    return d, _launch_on(d, cfg, w, seqs, mode, timing)
+
+
+def _launch_on(d, cfg, w, seqs, mode="steps", timing=0):
+    """``_draft_tuned``'s launch on the drafter ``d`` (fresh caches): (tokens, parents, scores,
+    the SeqCalls with their caches)."""
+    from frontier.backends.triton.launch import SeqCall
+    from frontier.cache import DraftCache
+
     calls = []
     for ids, feats in seqs:
         cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
@@ -481,7 +489,7 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
                              feats.shape[1]))
     d.alloc_outputs(len(calls))
     d.run_batch(w, calls, mode, timing=timing)
-    return d, (d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls)
+    return d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls
 
 
 def _assert_same_launch(a, b, score_rtol=0.0):
@@ -868,8 +876,7 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
     programs) or several, whose last may come from any program (2 and 5) - and each sequence's
     count of merged rows is back at 0 after every call."""
     from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.launch import Drafter, SeqCall, Tuning
-    from frontier.cache import DraftCache
+    from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
                         target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=32, num_attention_heads=4,
@@ -880,17 +887,7 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
     off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=False))
     assert on.tuning.select_in_merge and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
-        got = []
-        for d in (on, off):
-            calls = []
-            for ids, feats in seqs:
-                cache = DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE)
-                calls.append(SeqCall(feats[0].to(DEVICE, w.dtype), ids[0, 1:].to(DEVICE), ids[0, -1:].to(DEVICE),
-                                     cache, 0, feats.shape[1]))
-            d.alloc_outputs(len(calls))
-            d.run_batch(w, calls, "steps")
-            got.append((d.out_tok.clone(), d.out_par.clone(), d.out_score.clone(), calls))
-        _assert_same_bits(*got)
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
         assert not on.ws.sync[2:].any(), call
     phases = lambda d: {c // 256 for c in d.schedule_list}  # noqa: E731
     assert K_.PH_SELECT not in phases(on) and K_.PH_SELECT in phases(off)
