@@ -9,7 +9,7 @@ tree depth that match no phase: a program's cost of one barrier with nothing to 
 runs a tree depth's (idempotent) phase twice in a row: the second run finds its code in the
 instruction caches (a weight stream also part of its weights still in L2), so first minus
 second bounds what a cold start costs. SELECT and FINAL cannot be dropped (FINAL would index with
-row-parent entries that SELECT never wrote) and SELECT is not idempotent; at narrow launches
+row-parent entries that SELECT never wrote) and SELECT is not idempotent; at batch 1 (eagle3)
 MERGE runs SELECT (``Tuning.select_in_merge``), so the same holds for MERGE there.
 
     python3 scripts/phase_drop.py --variants base,-norm_post+norm_f,-prep3,+noop5,*rope --rounds 4
@@ -97,7 +97,7 @@ print(f"{a.preset} depth {a.depth} batch {a.batch}, {a.mode}: device ms per call
 for spec in specs:
     t = sorted(times[spec])
     med = t[a.rounds // 2]
-    n = len(drafters[spec].schedules[False, False])
+    n = len(drafters[spec].schedule_list)
     print(f"  {spec:28s} {med:7.3f} ms  (rounds {' '.join(f'{x:.3f}' for x in times[spec])})  "
           f"{1e3 * (med - base):+7.1f} us/call {1e3 * (med - base) / a.depth:+6.1f} us/depth  entries {n}")
 for spec in specs if a.mode == "persistent" else []:  # (the in-kernel timer is the persistent launch's)

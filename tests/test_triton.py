@@ -883,9 +883,9 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
                         num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid))
+    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=True))
     off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=False))
-    assert on.tuning.select_in_merge and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
+    assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
         _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
         assert not on.ws.sync[2:].any(), call
@@ -893,6 +893,37 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
     assert K_.PH_SELECT not in phases(on) and K_.PH_SELECT in phases(off)
     assert len(on.schedule_list) == len(off.schedule_list) - (cfg.depth + 1)
     assert on.ws.sync.numel() >= 2 + batch
+
+
+def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():
+    """``Tuning.select_in_merge=None`` (the default): MERGE runs SELECT only in launches whose
+    MERGE streams the next depth's QKV hidden half (``LaunchPlan.qh``: eagle3 at the batch-1
+    tile), and the schedule drops SELECT's entries exactly there; True and False force it on
+    every narrow launch or on none; wide launches keep SELECT's own phase."""
+    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.launch import Drafter, Tuning
+
+    for arch in ("eagle3", "eagle2"):
+        cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
+                            target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=32, num_attention_heads=4,
+                            num_key_value_heads=2)
+        w = random_weights(cfg, seed=7, device=DEVICE)
+        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64))
+        forced = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64, select_in_merge=True))
+        never = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64, select_in_merge=False))
+        seen = set()
+        for batch in (1, 2, 6, 11):
+            p = d.plan(batch)
+            assert p.sel == (p.qh and not p.wide) and p.const["SEL_MG"] == p.sel, (arch, batch)
+            assert forced.plan(batch).sel == (not p.wide) and not never.plan(batch).sel, (arch, batch)
+            seen.add((p.qh, p.wide))
+            if batch == 1:
+                seqs, _ = _ragged(cfg, 8, batch=1, lo=3, hi=6)
+                _launch_on(d, cfg, w, seqs)
+                assert (K_.PH_SELECT not in {c // 256 for c in d.schedule_list}) == p.sel, arch
+        # eagle3 has batches with and without the QKV half, and a wide one; eagle2 never streams it
+        assert seen == ({(True, False), (False, False), (False, True)} if arch == "eagle3"
+                        else {(False, False), (False, True)}), (arch, seen)
 
 
 def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits(monkeypatch):

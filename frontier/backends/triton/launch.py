@@ -8,7 +8,8 @@ The schedule is the list of phases one draft call runs (``kernels.drafter_kernel
                    [NORM_F], LMHEAD, MERGE, SELECT
     end:           FINAL
 
-Narrow launches (``Tuning.select_in_merge``) drop the SELECT entries: MERGE runs SELECT.
+Launches whose MERGE streams the next depth's QKV hidden half (batch 1, eagle3;
+``Tuning.select_in_merge``) drop the SELECT entries: MERGE runs SELECT.
 Big batches use a variant (``build_schedule``): one fused attention phase, and split-K QKV,
 o_proj and down, each followed by its reduction phase.
 
@@ -217,8 +218,13 @@ class Tuning:
     # on vs off, three alternated pairs: 8B graph 1.957 / 1.963 / 1.964 vs 1.998 / 1.999 / 1.999,
     # persistent 2.341 / 2.339 / 2.336 vs 2.381 / 2.381 / 2.392; 1B graph 1.058 / 1.074 / 1.073
     # vs 1.076 (x3), persistent 1.334 / 1.328 / 1.335 vs 1.335 / 1.334 / 1.336 (its QKV half is too
-    # short a stream to hide SELECT behind); bf16 tokens the same
-    select_in_merge: bool = True
+    # short a stream to hide SELECT behind); bf16 tokens the same. None (the default): only where
+    # MERGE streams that QKV half (``LaunchPlan.qh``: batch 1, eagle3); with nothing to hide it
+    # behind it is no gain. Twenty-third session, H200, 8B depth 7, graph, device ms, True vs
+    # False, two alternated pairs on each of two machines: batch 2 2.228 / 2.233 vs 2.226 / 2.228
+    # and 2.212 / 2.215 vs 2.212 / 2.214; batch 4 3.142 / 3.142 vs 3.125 / 3.124 and 3.135 /
+    # 3.134 vs 3.119 / 3.117. True: every narrow launch (how the tests run it without QH)
+    select_in_merge: Optional[bool] = None
     # wide launches: the context step's fc and QKV (the phases over the call's N new rows) take
     # an activation tile of pow2(batch x ctx_rows) rows (at least 16) with its own k-chunk and
     # fold, whenever N fits in it (the kernel picks at run time; more rows take the tree rows'
@@ -374,6 +380,7 @@ class LaunchPlan:
     wide: bool
     fused: bool
     qh: bool
+    sel: bool  # MERGE runs SELECT (Tuning.select_in_merge); the schedule has no SELECT entries
     qh_vec: bool
     part_elems: int
     slab_args: tuple
@@ -489,15 +496,15 @@ class Drafter:
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
-        self.schedule_codes = {
-            (split, fused): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums,
-                                           self.tuning.select_in_merge)
-            for split in (False, True) for fused in (False, True)
+        self.schedule_codes = {  # keyed by LaunchPlan (wide, fused, sel)
+            (split, fused, sel): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums,
+                                                sel)
+            for split in (False, True) for fused in (False, True) for sel in (False, True)
         }
         self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
                           for key, codes in self.schedule_codes.items()}
-        self.schedule = self.schedules[False, False]  # the schedule of the last launch
-        self.schedule_list = self.schedule_codes[False, False]  # the same, on the host
+        self.schedule = self.schedules[False, False, False]  # the schedule of the last launch
+        self.schedule_list = self.schedule_codes[False, False, False]  # the same, on the host
         self.step_grid_list: list[int] = []  # programs per schedule entry of the last step launches
         self.n_steps = len(self.schedule)
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
@@ -687,6 +694,7 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
+        sel = not wide and (qh if tn.select_in_merge is None else tn.select_in_merge)
         # the context step's small tile (Tuning.ctx_rows): its own sub-slabs, k-chunks and fold
         bmc = max(16, _pow2(nb * tn.ctx_rows)) if wide and tn.ctx_rows > 0 else 0
         if bmc >= bmp:
@@ -742,7 +750,7 @@ class Drafter:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums,
             MG_ROWS=wide and tn.merge_rows and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
-            SEL_MG=tn.select_in_merge and not wide,
+            SEL_MG=sel,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -761,7 +769,7 @@ class Drafter:
             enable_fp_fusion=True,
         )
         return LaunchPlan(
-            wide=wide, fused=fused, qh=qh, qh_vec=h * el % 16 == 0,
+            wide=wide, fused=fused, qh=qh, sel=sel, qh_vec=h * el % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slab_args=(rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh),
             const=const, ctx_const=ctx_const,
@@ -778,8 +786,8 @@ class Drafter:
         n_rows = sum(s.n for s in seqs)
         ws = self.workspace(nb, n_rows)
         p = self.plan(nb)
-        self.schedule = self.schedules[p.wide, p.fused]
-        self.schedule_list = self.schedule_codes[p.wide, p.fused]
+        self.schedule = self.schedules[p.wide, p.fused, p.sel]
+        self.schedule_list = self.schedule_codes[p.wide, p.fused, p.sel]
         self.n_steps = len(self.schedule)
         if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
             ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
