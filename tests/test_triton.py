@@ -771,9 +771,10 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     on a 12-program grid a ragged batch of 3 (split and fused attention, the hidden-half QKV
     ahead for eagle3) drafts the same trees, scores and cache rows, bit for bit, as the whole
     phase switch on the full grid (several seeds; one head with a hidden size of 30 and 3 heads
-    over 1 KV head) - and FINAL runs one program per sequence (SELECT, run by MERGE at this narrow
-    launch, is no entry of its own), the weight streams on the whole grid, MERGE on the whole
-    grid where it streams the next depth's QKV and else one program per row."""
+    over 1 KV head) - and FINAL and SELECT run one program per sequence (SELECT is no entry of its
+    own where MERGE runs it: eagle3, whose MERGE streams the next depth's QKV half here), the
+    weight streams on the whole grid, MERGE on the whole grid where it streams the next depth's
+    QKV and else one program per row."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
@@ -787,7 +788,9 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
     _, old = _draft_tuned(cfg, w, seqs, Tuning(phase_kernels=False, step_grids=False, **over))
     _assert_same_bits(new, old)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
-    assert K_.PH_SELECT not in grids and grids[K_.PH_FINAL] == 3
+    assert d.plan(3).sel == (arch == "eagle3") == d.plan(3).qh
+    assert (K_.PH_SELECT not in grids) if d.plan(3).sel else grids[K_.PH_SELECT] == 3
+    assert grids[K_.PH_FINAL] == 3
     assert grids[K_.PH_LMHEAD] == grids[K_.PH_GATEUP] == 12
     merges = [(code % 256, g) for code, g in zip(d.schedule_list, d.step_grid_list) if code // 256 == K_.PH_MERGE]
     for i, g in merges:  # the whole grid where it streams the next depth's QKV, else one program per row
