@@ -496,10 +496,10 @@ class Drafter:
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
-        self.schedule_codes = {  # keyed by LaunchPlan (wide, fused, sel)
+        self.schedule_codes = {  # keyed by LaunchPlan (wide, fused, sel); sel only at narrow launches
             (split, fused, sel): build_schedule(cfg.architecture, cfg.depth, split, fused, self.tuning.inline_sums,
                                                 sel)
-            for split in (False, True) for fused in (False, True) for sel in (False, True)
+            for split in (False, True) for fused in (False, True) for sel in ((False,) if split else (False, True))
         }
         self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
                           for key, codes in self.schedule_codes.items()}
