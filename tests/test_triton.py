@@ -1272,8 +1272,17 @@ try:  # the division helper alone, in a one-phase kernel
                           KEY32: tl.constexpr, G: tl.constexpr):
         K_._ph_merge_rows(tl.program_id(0), tl.num_programs(0), R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV,
                           logit_ptr.dtype.element_ty, KEY32, G)
+
+    @triton.jit
+    def _select_probe(sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
+                      cand_score_ptr, cand_tok_ptr, row_par_ptr, dt_ptr, B, i, K, KP, SK, C, RPW, V,
+                      HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr, KEY32: tl.constexpr):
+        K_._ph_select(tl.program_id(0), tl.num_programs(0), B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr,
+                      fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
+                      row_par_ptr, V, False, HAS_D2T, BLOCK_K, BLOCK_A, dt_ptr.dtype.element_ty, KEY32)
 except ImportError:  # the module's skip marker covers a missing triton
     _div_probe = _lm_stats_probe = _silu_probe = _top_n_probe = _merge_probe = _merge_rows_probe = None
+    _select_probe = None
 
 
 def test_top_n_mask_selects_the_n_largest_keys():
@@ -1623,3 +1632,65 @@ def test_32_bit_lm_keys_only_for_16_bit_dtypes_and_slabs_they_can_index():
     assert not key16(torch.float16, 1)
     assert not key16(torch.float32, 2)
     assert not key16(torch.float16, 2, lm_key32=False)
+
+
+@pytest.mark.parametrize("seed,B,K,i,grid,d2t", [(3, 2, 5, 1, 2, False), (8, 3, 10, 2, 2, True),
+                                                 (11, 1, 3, 0, 1, True)])
+def test_select_prunes_the_children_as_a_stable_sort_by_score(seed, B, K, i, grid, d2t):
+    """SELECT at a tree depth (``kernels._ph_select``) on crafted rows: every child's score
+    ``round(parent's score + its log-prob)`` and its token (mapped by d2t) go to the candidate
+    list at flat index row * K + rank, and the next frontier is the K best children by (score,
+    lower flat index) - a stable sort, on the host - with their scores, tokens, parent rows and
+    ancestor slots, and each row's parent entry. Scores are drawn from a few fp16 levels, so
+    many children tie; fp16 ranks by 32-bit keys (KEY32), and must give the bits of the 64-bit
+    keys, as fp32 does."""
+    g = torch.Generator().manual_seed(seed)
+    KP, BLOCK_K, BLOCK_A, V = 16, 1 << (K - 1).bit_length(), 1 << (i + 2).bit_length(), 50
+    SK, C, RPW = (i + 2) * K, K + (i + 1) * K * K, 1 + (i + 1) * K
+    R = B * K
+    levels = torch.tensor([-0.5, -1.0, -1.25, -2.0, -3.0])
+    # each row's log-probs are ranked (non-increasing), as MERGE leaves them
+    lp = levels[torch.randint(0, len(levels), (R, K), generator=g)].sort(dim=1, descending=True).values
+    score = -levels[torch.randint(0, len(levels), (R,), generator=g)] * 2
+    tok = torch.randint(0, V, (R, K), generator=g)
+    d2t_tab = torch.randint(0, 1000, (V,), generator=g) if d2t else torch.zeros(1, dtype=torch.int64)
+    pick_old = torch.randint(0, K * K, (R,), generator=g)
+    anc0 = torch.randint(0, 99, (R, BLOCK_A), generator=g, dtype=torch.int32)
+    results = []
+    for dtype, key32 in ((torch.float32, False), (torch.float16, False), (torch.float16, True)):
+        sel_lp = torch.zeros(R, KP)
+        sel_lp[:, :K] = lp
+        sel_tok = torch.zeros(R, KP, dtype=torch.int64)
+        sel_tok[:, :K] = tok
+        out = dict(fr_score=score.clone(), fr_tok=torch.zeros(R, dtype=torch.int64),
+                   fr_src=torch.zeros(R, dtype=torch.int32), fr_pick=pick_old.clone(), anc=anc0.clone(),
+                   cand_score=torch.zeros(B, C), cand_tok=torch.zeros(B, C, dtype=torch.int64),
+                   row_par=torch.zeros(B, RPW, dtype=torch.int64))
+        dev = {k: v.to(DEVICE) for k, v in out.items()}
+        _select_probe[(grid,)](sel_lp.to(DEVICE), sel_tok.to(DEVICE), d2t_tab.to(DEVICE), dev["fr_score"], dev["fr_tok"],
+                               dev["fr_src"], dev["fr_pick"], dev["anc"], dev["cand_score"], dev["cand_tok"],
+                               dev["row_par"], torch.zeros(1, dtype=dtype, device=DEVICE), B, i, K, KP, SK, C, RPW, V,
+                               HAS_D2T=d2t, BLOCK_K=BLOCK_K, BLOCK_A=BLOCK_A, KEY32=key32)
+        results.append({k: v.cpu() for k, v in dev.items()})
+    for r in results[1:]:  # fp16: 32-bit keys give the 64-bit keys' bits; fp32: the same, its sums being exact here
+        for k in r:
+            assert torch.equal(r[k], results[0][k]), k
+    got = results[2]
+    base = K + i * K * K
+    for b in range(B):
+        rows = slice(b * K, (b + 1) * K)
+        cs = (score[rows, None] + lp[rows]).half().float().reshape(-1)  # [K*K], flat = row * K + rank
+        ctok = tok[rows].reshape(-1) + (d2t_tab[tok[rows].reshape(-1)] if d2t else 0)
+        assert torch.equal(got["cand_score"][b, base: base + K * K], cs)
+        assert torch.equal(got["cand_tok"][b, base: base + K * K], ctok)
+        order = torch.sort(-cs, stable=True).indices[:K]  # the best K, ties to the lower flat index
+        assert len(set(cs[order].tolist())) < K or K < 4  # the levels make ties among the picks
+        assert torch.equal(got["fr_pick"][rows], order)
+        assert torch.equal(got["fr_score"][rows], cs[order])
+        assert torch.equal(got["fr_tok"][rows], ctok[order])
+        prow = order // K
+        assert torch.equal(got["fr_src"][rows], (b * K + prow).int())
+        assert torch.equal(got["anc"][rows, : i + 1], anc0[rows][prow, : i + 1])
+        assert torch.equal(got["anc"][rows, i + 1], (b * SK + (i + 1) * K + torch.arange(K)).int())
+        offset = 1 if i == 0 else 1 + K + (i - 1) * K * K
+        assert torch.equal(got["row_par"][b, 1 + i * K: 1 + (i + 1) * K], pick_old[rows] + offset)

@@ -956,11 +956,16 @@ def _keys16(vals, idx, valid):
 
 
 @triton.jit
+def _val16(k, DT: tl.constexpr):
+    """The value of 32-bit ``_keys16`` keys ``k``, widened to fp32."""
+    return _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _wide_key(k, DT: tl.constexpr, base=0):
     """The 64-bit ``_key`` of 32-bit ``_keys16`` keys ``k``: (the value widened to fp32, base +
     the slab-local index); KEY_NONE where ``k`` is KEY32_NONE."""
-    val = _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-    return tl.where(k == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (k & 0xFFFF)))
+    return tl.where(k == KEY32_NONE, KEY_NONE, _key(_val16(k, DT), base + 0xFFFF - (k & 0xFFFF)))
 
 
 @triton.jit
@@ -1294,16 +1299,20 @@ def _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
 def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
                IS_CTX: tl.constexpr, HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
-               DT: tl.constexpr):
+               DT: tl.constexpr, KEY32: tl.constexpr):
     """One program per sequence b (its K frontier rows b*K.., its C candidates, its RPW
     row-parent entries). Context step: the root's top-K (row b of the lm_head output) become
     candidates 0..K-1 and the depth-0 frontier, whose hidden source is row b. Depth i:
     cumulative scores of the K*K children, their candidate entries, and the top-K prune into
     the next frontier (tokens, scores, source rows b*K + parent, ancestor slots b*SK + ...).
     The K*K children are one flat list (entry row * BLOCK_K + rank): each of the prune's K rounds
-    takes its maximum in one reduction, and the picks' tokens are looked up once after the
-    rounds (a [BLOCK_K, BLOCK_K] block took two reductions per round and a masked sum of the
-    tokens in each)."""
+    takes its maximum in one reduction (a [BLOCK_K, BLOCK_K] block took two). KEY32 (16-bit
+    dtypes, K*K <= 65536): the rounds rank 32-bit keys, ``_keys16`` of the children's scores
+    (DT values) and flat indices, in the order of the 64-bit ``_key``s. The children's tokens are
+    stored after the rounds, which their d2t lookups' latency then hides behind, and the picks'
+    tokens are read back from there (twenty-fourth session, H200, 1B depth 7: MERGE, which runs
+    this at batch 1, 0.100 -> 0.083 ms per call with both; a match of each pick's flat index
+    over the list, [BLOCK_K, BLOCK_K * BLOCK_K], took 3.6 us per depth)."""
     rr = tl.arange(0, BLOCK_K)
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
@@ -1344,20 +1353,27 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             flat = er * K + ej
             base = K + i * K * K
             tl.store(cand_s + base + flat, cs, mask=valid)
-            tl.store(cand_t + base + flat, tok, mask=valid)
             offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
             tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
-            keys = tl.where(valid, _key(cs, flat), KEY_NONE)
             npick = tl.zeros([BLOCK_K], tl.int32)
             nscore = tl.zeros([BLOCK_K], tl.float32)
-            for j in range(K):
-                best = tl.max(keys, axis=0)
-                npick = tl.where(rr == j, _key_idx(best).to(tl.int32), npick)
-                nscore = tl.where(rr == j, _key_val(best), nscore)
-                keys = tl.where(keys == best, KEY_NONE, keys)
-            # pick j's token: the one valid child whose flat index is its pick
-            hit = valid[None, :] & (flat[None, :] == npick[:, None])  # [BLOCK_K, BLOCK_K * BLOCK_K]
-            ntok = tl.sum(tl.where(hit, tok[None, :], 0), axis=1)
+            if KEY32:
+                k32 = _keys16(cs.to(DT), flat, valid)
+                for j in range(K):
+                    best = tl.max(k32, axis=0)
+                    npick = tl.where(rr == j, 0xFFFF - (best & 0xFFFF), npick)
+                    nscore = tl.where(rr == j, _val16(best, DT), nscore)
+                    k32 = tl.where(k32 == best, KEY32_NONE, k32)
+            else:
+                keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+                for j in range(K):
+                    best = tl.max(keys, axis=0)
+                    npick = tl.where(rr == j, _key_idx(best).to(tl.int32), npick)
+                    nscore = tl.where(rr == j, _key_val(best), nscore)
+                    keys = tl.where(keys == best, KEY_NONE, keys)
+            tl.store(cand_t + base + flat, tok, mask=valid)
+            tl.debug_barrier()  # (the block's stores, visible to all its threads)
+            ntok = tl.load(cand_t + base + npick, mask=rmask, other=0, cache_modifier=".cg")  # pick j's token
             prow = npick // K
             prow = tl.minimum(tl.maximum(prow, 0), K - 1)
             old = tl.load(anc_ptr + (fb + prow)[:, None] * BLOCK_A + ra[None, :], mask=rmask[:, None] & (ra <= i)[None, :],
@@ -1375,16 +1391,17 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
 @triton.jit
 def _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                     fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                    HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr, DT: tl.constexpr):
+                    HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr, DT: tl.constexpr,
+                    KEY32: tl.constexpr):
     """``_ph_select`` for a schedule step: its context-step form where ``is_ctx``, else its tree-depth form."""
     if is_ctx:
         _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                    fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V, True, HAS_D2T,
-                   BLOCK_K, BLOCK_A, DT)
+                   BLOCK_K, BLOCK_A, DT, KEY32)
     else:
         _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                    fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V, False, HAS_D2T,
-                   BLOCK_K, BLOCK_A, DT)
+                   BLOCK_K, BLOCK_A, DT, KEY32)
 
 
 @triton.jit
@@ -1609,6 +1626,7 @@ def drafter_kernel(
     ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True, INLINE_SUMS: tl.constexpr = False,
     MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
+    KEY32_SEL: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1643,6 +1661,7 @@ def drafter_kernel(
     MERGE counts each sequence's merged rows (``_last_arrival`` on sync_ptr[2 + b]) and the
     program that merges its last one runs its SELECT right away, while the other programs still
     stream the next depth's QKV hidden half (QH), instead of a phase of its own after MERGE.
+    KEY32_SEL (16-bit dtypes): SELECT's prune ranks 32-bit keys (``_ph_select``).
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1825,7 +1844,7 @@ def drafter_kernel(
                     if _last_arrival(sync_ptr + 2 + b, per_seq):  # (program b of B: sequence b alone)
                         _ph_select_step(b, B, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr,
                                         fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr,
-                                        cand_tok_ptr, row_par_ptr, V, HAS_D2T, BLOCK_K, BLOCK_A, DT)
+                                        cand_tok_ptr, row_par_ptr, V, HAS_D2T, BLOCK_K, BLOCK_A, DT, KEY32_SEL)
             else:
                 _ph_merge(pid, nprog, m_out, tl.cdiv(V, RP_LM), lmk_ptr, lmmax_ptr, lmsum_ptr, sel_lp_ptr, sel_tok_ptr,
                           K, MR, KP, BLOCK_P, DT, KEY32_MG)
@@ -1835,7 +1854,7 @@ def drafter_kernel(
         elif ph == 14:  # PH_SELECT
             _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                             fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
-                            HAS_D2T, BLOCK_K, BLOCK_A, DT)
+                            HAS_D2T, BLOCK_K, BLOCK_A, DT, KEY32_SEL)
         elif ph == 15:  # PH_FINAL
             _ph_final(pid, nprog, B, C, T, K, tl.minimum(D + 1, T - 1), D + 2, RPW, PFW, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, root_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr, out_mask_ptr,

@@ -750,7 +750,7 @@ class Drafter:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums,
             MG_ROWS=wide and tn.merge_rows and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
-            SEL_MG=sel,
+            SEL_MG=sel, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
