@@ -956,16 +956,11 @@ def _keys16(vals, idx, valid):
 
 
 @triton.jit
-def _val16(k, DT: tl.constexpr):
-    """The value of 32-bit ``_keys16`` keys ``k``, widened to fp32."""
-    return _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _wide_key(k, DT: tl.constexpr, base=0):
     """The 64-bit ``_key`` of 32-bit ``_keys16`` keys ``k``: (the value widened to fp32, base +
     the slab-local index); KEY_NONE where ``k`` is KEY32_NONE."""
-    return tl.where(k == KEY32_NONE, KEY_NONE, _key(_val16(k, DT), base + 0xFFFF - (k & 0xFFFF)))
+    val = _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return tl.where(k == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (k & 0xFFFF)))
 
 
 @triton.jit
@@ -1355,22 +1350,15 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(cand_s + base + flat, cs, mask=valid)
             offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
             tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
-            npick = tl.zeros([BLOCK_K], tl.int32)
-            nscore = tl.zeros([BLOCK_K], tl.float32)
-            if KEY32:
-                k32 = _keys16(cs.to(DT), flat, valid)
-                for j in range(K):
-                    best = tl.max(k32, axis=0)
-                    npick = tl.where(rr == j, 0xFFFF - (best & 0xFFFF), npick)
-                    nscore = tl.where(rr == j, _val16(best, DT), nscore)
-                    k32 = tl.where(k32 == best, KEY32_NONE, k32)
+            if KEY32:  # (the picks widened to 64-bit keys after the rounds)
+                top = _rank_rounds(_keys16(cs.to(DT), flat, valid), tl.full([BLOCK_K], KEY32_NONE, tl.int32), rr,
+                                   K, False)
+                top = _wide_key(top, DT)
             else:
-                keys = tl.where(valid, _key(cs, flat), KEY_NONE)
-                for j in range(K):
-                    best = tl.max(keys, axis=0)
-                    npick = tl.where(rr == j, _key_idx(best).to(tl.int32), npick)
-                    nscore = tl.where(rr == j, _key_val(best), nscore)
-                    keys = tl.where(keys == best, KEY_NONE, keys)
+                top = _rank_rounds(tl.where(valid, _key(cs, flat), KEY_NONE), tl.full([BLOCK_K], KEY_NONE, tl.int64),
+                                   rr, K, False)
+            npick = _key_idx(top).to(tl.int32)  # (past K: no pick; every use below is masked or clamped)
+            nscore = _key_val(top)
             tl.store(cand_t + base + flat, tok, mask=valid)
             tl.debug_barrier()  # (the block's stores, visible to all its threads)
             ntok = tl.load(cand_t + base + npick, mask=rmask, other=0, cache_modifier=".cg")  # pick j's token
