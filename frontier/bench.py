@@ -107,6 +107,7 @@ class BenchRow:
     ragged: bool = False
     contexts: list[int] = field(default_factory=list)  # each sequence's context length
     kv_mb: float = 0.0  # cached K/V rows the call's forwards attend over (not in the floor)
+    packed_mb: float = 0.0  # the triton drafter's packed weight copies after the run (Tuning.pack_weights)
 
     def pct(self, variant: str) -> float:
         return 100.0 * self.floor_ms / self.results[variant]
@@ -364,6 +365,10 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
         if name == "triton" and kernel_only:  # one launch: with its host preparation, and the device alone
             row.results["triton launch"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r, device_only=True)
+        if name == "triton":
+            from .registry import get_backend
+
+            row.packed_mb = get_backend("triton").drafter(setup.cfg, dtype, torch.device(device)).packed_bytes / 1e6
     del setup
     torch.cuda.empty_cache()
     return row
@@ -479,6 +484,10 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
     widths = [max(len(l[i]) for l in lines) for i in range(len(cols))]
     out = [" | ".join(c.ljust(w) for c, w in zip(l, widths)) for l in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
+    packed = {r.preset: r.packed_mb for r in rows if r.packed_mb > 0}
+    if packed:  # the memory the speed costs (extra to the head's weights)
+        out.append("triton's packed weight copies (Tuning.pack_weights, kept per head): "
+                   + ", ".join(f"{p} {mb:.0f} MB" for p, mb in packed.items()))
     return head + "\n".join(out)
 
 

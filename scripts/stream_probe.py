@@ -371,6 +371,66 @@ def ab_packed(name, n, kd, reps, bns, bk, st, grid, dev, bw, rounds=6, nw=8):
     del w, wp
 
 
+@triton.jit
+def probe_blocked_kernel(wb_ptr, x_ptr, out_ptr, N, Kd, RP, R, M,
+                         BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr):
+    """The drafter's stream over weights stored row-blocked (``block_rows``): blocks of RB rows,
+    each as [Kd / BK, RB, BK], so a [BNS, BK] tile is BNS / RB contiguous runs of RB * BK elements
+    (whatever the grid) instead of BNS runs of BK."""
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    tot = tl.zeros([BNS, BM], dtype=tl.float32)
+    for r in range(R):
+        for s0 in range(0, RP, BNS):
+            rp = s0 + tl.arange(0, BNS)
+            rr = pid * RP + rp
+            rmask = (rp < RP) & (rr < N)
+            rr = r * N + rr
+            wrow = wb_ptr + (rr // RB).to(tl.int64) * (RB * Kd) + (rr % RB) * BK
+            acc = tl.zeros([BNS, BM], dtype=tl.float32)
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
+                w = tl.load(wrow[:, None] + (k0 // BK) * (RB * BK) + rk[None, :], mask=rmask[:, None], other=0.0,
+                            eviction_policy="evict_first")
+                acc = K_._mma(w, K_._x_chunk(x_ptr, Kd, rm, k0 + rk, M, Kd), acc, False)
+            tot += acc
+    tl.store(out_ptr + pid, tl.sum(tl.sum(tot, 1), 0))
+
+
+def block_rows(w, rb, bk):
+    """[N, Kd] (N a multiple of rb) -> blocks of rb rows, each [Kd / bk, rb, bk], flat."""
+    n, kd = w.shape
+    return w.view(n // rb, rb, kd // bk, bk).permute(0, 2, 1, 3).contiguous().view(n, kd)
+
+
+def ab_blocked(name, n, kd, reps, bns, bk, st, grid, dev, bw, rbs=(16, 32), rounds=6, nw=8):
+    """Row-major, per-slab packed and row-blocked streams of one shape, alternated; the blocked
+    ones' results checked against the row-major one, and their PTX's 16-byte copies counted."""
+    w = torch.randn(reps * n, kd, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(16, kd, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(grid, device=dev, dtype=torch.float32)
+    ref = torch.empty(grid, device=dev, dtype=torch.float32)
+    rp = -(-n // grid)
+    wp = pack(w, n, kd, reps, grid, bk)
+    kw = dict(BNS=bns, BK=bk, ST=st, BM=16, num_warps=nw)
+    calls = {"row-major": lambda: probe_kernel[(grid,)](w, x, out, n, kd, rp, reps, 10, **kw),
+             "packed": lambda: probe_packed_kernel[(grid,)](wp, x, out, kd, rp, reps, 10, grid, **kw)}
+    probe_kernel[(grid,)](w, x, ref, n, kd, rp, reps, 10, **kw)
+    blocked = {}
+    for rb in rbs:
+        blocked[rb] = block_rows(w, rb, bk)
+        calls[f"rb{rb}"] = (lambda rb=rb: probe_blocked_kernel[(grid,)](blocked[rb], x, out, n, kd, rp, reps, 10,
+                                                                      RB=rb, **kw))
+        ck = probe_blocked_kernel[(grid,)](blocked[rb], x, out, n, kd, rp, reps, 10, RB=rb, **kw)
+        ptx = ck.asm["ptx"]
+        print(f"  rb{rb}: cp.async 16-byte {ptx.count('cp.async.cg.shared.global') + ptx.count('cp.async.ca.shared.global')}"
+              f" (of which .cg 16: {ptx.count(', 16;') + ptx.count(', 16, ')})", flush=True)
+    errs = checked(calls, out, ref, name)
+    line = ab_lines(calls, rounds, n * kd * 2, reps, bw, lambda key, v: f" (err {errs[key]:.0e})")
+    print(f"A/B {name:8s} RP {rp:4d} BNS {bns:4d} BK {bk:4d} stages {st} warps {nw}: " + "  ".join(line), flush=True)
+    del w, wp, blocked
+
+
 def ab_l2(name, n, kd, reps, bns, bk, st, fold, grid, dev, bw, rounds=6):
     """The drafter's stream (plain, and folded ``fold`` ways) over ``reps`` distinct copies of a
     matrix (HBM) against ``reps`` passes over one copy that stays in L2, alternated: whether the
@@ -493,7 +553,7 @@ def run(name, n, kd, reps_mat, variants, grid, dev, bw):
     del w
 
 
-STUDIES = ("fold", "packed", "read", "tiles", "l2", "ksplit")
+STUDIES = ("fold", "packed", "read", "tiles", "l2", "ksplit", "blocked")
 ap = argparse.ArgumentParser()
 ap.add_argument("--grid", type=int, default=0)
 ap.add_argument("--study", default=",".join(STUDIES), help="comma-separated: " + ", ".join(STUDIES))
@@ -539,3 +599,8 @@ if "ksplit" in studies:  # shorter accumulator chains: fold, 3-D dot, separate a
     ab_ksplit("down", 4096, 14336, 2, 32, 512, 3, grid, dev, bw, l2=(False,))
     ab_ksplit("qkv_emb", 6144, 4096, 4, 64, 256, 3, grid, dev, bw, l2=(False,))
     ab_ksplit("qkv_emb", 6144, 4096, 4, 64, 256, 4, grid, dev, bw, l2=(False,))
+if "blocked" in studies:  # row-blocked weights (any grid), against row-major and per-slab packed
+    for name, n, kd, reps, bns, bk, st in SHAPES[2:]:
+        ab_blocked(name, n, kd, reps, bns, bk, st, grid, dev, bw)
+    for name, n, kd, reps, bns, bk, st in (("lm1B", 32000, 2048, 2, 256, 64, 4), ("gate1B", 8192, 2048, 4, 64, 128, 4)):
+        ab_blocked(name, n, kd, reps, bns, bk, st, grid, dev, bw)

@@ -7,6 +7,7 @@ schedule entry; on a GPU the same device code also runs as one persistent launch
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 
@@ -896,6 +897,76 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
     assert K_.PH_SELECT not in phases(on) and K_.PH_SELECT in phases(off)
     assert len(on.schedule_list) == len(off.schedule_list) - (cfg.depth + 1)
     assert on.ws.sync.numel() >= 2 + batch
+
+
+@pytest.mark.parametrize("n,kd,grid,rp,bk", [(37, 48, 3, 13, 16), (100, 30, 4, 25, 32), (20, 64, 5, 3, 16),
+                                             (9, 16, 4, 2, 16)])
+def test_pack_slabs_lays_out_each_program_slab_chunk_by_chunk(n, kd, grid, rp, bk):
+    """``launch.pack_slabs``: element [g, c, r, j] is row g * RP + r, column c * BK + j of the
+    weight, zero past its rows or columns - whether the last program's slab is partial, several
+    programs have no rows (20 rows on 5 x 3), the grid covers fewer rows than the weight (9 rows
+    on 4 x 2: the last is no program's) or BK does not divide Kd."""
+    from frontier.backends.triton.launch import pack_slabs
+
+    w = torch.randn(n, kd, generator=torch.Generator().manual_seed(n + kd))
+    out = pack_slabs(w, grid, rp, bk)
+    kc = -(-kd // bk)
+    assert out.shape == (grid, kc, rp, bk) and out.is_contiguous()
+    g, c, r, j = torch.meshgrid(*(torch.arange(x) for x in out.shape), indexing="ij")
+    row, col = g * rp + r, c * bk + j
+    inside = (row < n) & (col < kd)
+    assert torch.equal(out[inside], w[row[inside], col[inside]])
+    assert not out[~inside].any()
+
+
+@pytest.mark.parametrize("arch,hidden,grid,seed", [("eagle3", 32, 2, 21), ("eagle3", 30, 5, 23), ("eagle2", 40, 3, 25)])
+def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, seed):
+    """``Tuning.pack_weights``: launches whose tree rows fit one BM-row tile stream gate, up and
+    the lm_head from copies packed per slab (``pack_slabs``), addressed by ``_slab_base``. The
+    same tiles in the same order, so over calls on one drafter the trees, scores and cache rows
+    equal the row-major launch's bit for bit (slabs of several rows, a hidden size that no
+    k-chunk divides: 30). The copies are made once and kept (``packed_bytes``) while the same
+    tensors come back unmodified; a weight changed in place is packed again (its version
+    counter), another head's weights replace them and take them along when freed, and a batch
+    whose rows need a wider tile streams the row-major weights. Small
+    pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters."""
+    from frontier.backends.triton.launch import Drafter, Tuning, pack_slabs
+
+    over = dict(target_vocab_size=110) if arch == "eagle3" else {}
+    cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70, hidden_size=hidden,
+                        intermediate_size=52, num_attention_heads=4 if hidden % 4 == 0 else 3,
+                        num_key_value_heads=2 if hidden % 4 == 0 else 1, **over)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
+    seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
+    small = dict(grid=grid, stage_bytes=1024, lm_stage_bytes=1024)  # k-chunks of 16 columns: two or more per row
+    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small))
+    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small, pack_weights=False))
+    p = on.plan(1)
+    assert p.pack and p.const["PACK_W"] and not off.plan(1).pack
+    assert p.const["BK_GU"] == p.const["BK_LM"] == 16
+    for call in range(2):
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+    lw = w.layers[0]
+    kept = {role: e[4] for role, e in on._packed.items()}
+    assert set(kept) == {"gate", "up", "lm_head"} and off.packed_bytes == 0
+    rp_gu, rp_lm = p.slab_args[3], p.slab_args[5]
+    kc = lambda bk: -(-hidden // bk) * bk  # noqa: E731
+    assert on.packed_bytes == 4 * grid * (2 * rp_gu * kc(p.const["BK_GU"]) + rp_lm * kc(p.const["BK_LM"]))
+    assert torch.equal(kept["lm_head"], pack_slabs(w.lm_head, grid, rp_lm, p.const["BK_LM"]))
+    lw.gate_proj.mul_(1.5)  # in place: the same tensor, a new version
+    try:
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+        assert on._packed["gate"][4] is not kept["gate"] and on._packed["lm_head"][4] is kept["lm_head"]
+    finally:
+        lw.gate_proj.div_(1.5)
+    wide = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=16, bm_max=64)).plan(8)
+    assert not wide.pack and not wide.const["PACK_W"]  # 24 tree rows: a 32-row tile
+    other = random_weights(cfg, seed=seed + 2, device=DEVICE)  # another head: its own copies, freed with it
+    _launch_on(on, cfg, other, seqs)
+    assert on._packed["lm_head"][0]() is other.lm_head and on.packed_bytes > 0
+    del other
+    gc.collect()
+    assert on.packed_bytes == 0 and not on._packed
 
 
 def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():

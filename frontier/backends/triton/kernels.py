@@ -291,6 +291,20 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
 
 
 @triton.jit
+def _slab_base(w_ptr, pid, RP, Kd, rows, PACK: tl.constexpr, BK: tl.constexpr):
+    """Row pointers [rows] of program pid's slab (slab-local ``rows``) and the step of a k-chunk:
+    the chunk at column k0 of row r is ``base[r] + k0 * step + [0, BK)``. Row-major: row r at
+    (pid * RP + r) * Kd, step 1. PACK (``launch.pack_slabs``): each program's RP-row slab stored
+    as [ceil(Kd / BK), RP, BK], so a chunk's [RP, BK] tile is one contiguous block and the slab
+    is read in memory order: row r at pid * RP * ceil(Kd / BK) * BK + r * BK, step RP."""
+    if PACK:
+        kd_pad = tl.cdiv(Kd, BK) * BK
+        return w_ptr + pid.to(tl.int64) * RP * kd_pad + rows * BK, RP
+    else:
+        return w_ptr + (pid * RP + rows) * Kd, 1
+
+
+@triton.jit
 def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
     """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]."""
     DT = y_ptr.dtype.element_ty
@@ -449,13 +463,18 @@ def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr,
-               ST: tl.constexpr):
+               ST: tl.constexpr, PACK: tl.constexpr = False):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
     One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
-    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop."""
+    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop. PACK:
+    both matrices are packed per slab (``_slab_base``)."""
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
-        rr, rmask, wgrow = _slab_rows(pid, RP, s0, N, 0, Kd, wg_ptr, wg_ptr, wg_ptr, False, BNS, 1)
+        rp = s0 + tl.arange(0, BNS)
+        rr = pid * RP + rp
+        rmask = (rp < RP) & (rr < N)
+        wgrow, kstep = _slab_base(wg_ptr, pid, RP, Kd, rp, PACK, BK)
+        wurow, _ = _slab_base(wu_ptr, pid, RP, Kd, rp, PACK, BK)
         for m0 in range(0, M, BM + BM2):
             rm, rm2 = _row_tiles(m0, BM, BM2)
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
@@ -469,8 +488,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
-                wg = tl.load(wgrow[:, None] + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
-                wu = tl.load(wu_ptr + rr[:, None] * Kd + kk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wg = tl.load(wgrow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 acc_g = _mma(wg, x, acc_g, IEEE)
                 acc_u = _mma(wu, x, acc_u, IEEE)
@@ -997,7 +1016,8 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr, KEY16: tl.constexpr = Fals
 @triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr, KEY16: tl.constexpr = False):
+               HALVES: tl.constexpr, ONE_SUB: tl.constexpr, ST: tl.constexpr, KEY16: tl.constexpr = False,
+               PACK: tl.constexpr = False):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
     ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
@@ -1007,7 +1027,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     top-K), which only this program touches; ONE_SUB (the slab is one sub-slab, as at batch 1)
     compiles that merge out. HALVES=2 streams a sub-slab as two half-height tiles per stage (two
     accumulators, same k-chunks, so the same sums). KEY16 (16-bit dtypes; with ONE_SUB and one
-    half): the K rounds rank 32-bit keys (``_keys16``, as in ``_lm_slab_stats``)."""
+    half): the K rounds rank 32-bit keys (``_keys16``, as in ``_lm_slab_stats``). PACK: the
+    lm_head is packed per slab (``_slab_base``)."""
     DT = x_ptr.dtype.element_ty
     K16: tl.constexpr = KEY16 and ONE_SUB and HALVES == 1
     HB: tl.constexpr = BNS // HALVES
@@ -1023,6 +1044,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
         m1 = (s0 + rp < RP) & (rr1 < V)
         rr2 = rr1 + HB
         m2 = (s0 + rp + HB < RP) & (rr2 < V)
+        w1row, kstep = _slab_base(w_ptr, pid, RP, Kd, s0 + rp, PACK, BK)
+        w2row, _ = _slab_base(w_ptr, pid, RP, Kd, s0 + rp + HB, PACK, BK)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc1 = tl.zeros([HB, BM], dtype=tl.float32)
@@ -1031,10 +1054,10 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 kk = k0 + rk
                 km = (kk[None, :] < Kd)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
-                w1 = tl.load(w_ptr + rr1[:, None] * Kd + kk[None, :], mask=m1[:, None] & km, other=0.0,
+                w1 = tl.load(w1row[:, None] + k0 * kstep + rk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
                 if HALVES == 2:
-                    w2 = tl.load(w_ptr + rr2[:, None] * Kd + kk[None, :], mask=m2[:, None] & km, other=0.0,
+                    w2 = tl.load(w2row[:, None] + k0 * kstep + rk[None, :], mask=m2[:, None] & km, other=0.0,
                                  eviction_policy=W_EVICT)
                 acc1 = _mma(w1, x, acc1, IEEE)
                 if HALVES == 2:
@@ -1614,7 +1637,7 @@ def drafter_kernel(
     ST_FCC: tl.constexpr = 3, BNS_QKVC: tl.constexpr = 16, BK_QKVC: tl.constexpr = 16, PHASE: tl.constexpr = -1,
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True, INLINE_SUMS: tl.constexpr = False,
     MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
-    KEY32_SEL: tl.constexpr = False,
+    KEY32_SEL: tl.constexpr = False, PACK_W: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -1650,6 +1673,9 @@ def drafter_kernel(
     program that merges its last one runs its SELECT right away, while the other programs still
     stream the next depth's QKV hidden half (QH), instead of a phase of its own after MERGE.
     KEY32_SEL (16-bit dtypes): SELECT's prune ranks 32-bit keys (``_ph_select``).
+    PACK_W (narrow launches, ``Tuning.pack_weights``): gate, up and lm_head are the launcher's
+    copies packed per slab (``_slab_base``, ``launch.pack_slabs``), each stage's tile one
+    contiguous block; no other phase reads them.
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
@@ -1780,7 +1806,8 @@ def drafter_kernel(
             _ph_norm_after(pid, nprog, m_out, is_ctx, part_ptr, SPL_O, MR, hcur_ptr, h1_ptr, ln_post_ptr, n2_ptr, H, eps,
                            BLOCK_H, INLINE_SUMS)
         elif ph == 9:  # PH_GATEUP
-            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU)
+            _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU,
+                       PACK=PACK_W)
         elif ph == 10:  # PH_DOWN: h2 = h1 + down(act)
             split = False
             if SPLITK:
@@ -1819,7 +1846,7 @@ def drafter_kernel(
                                 stats=lm_stats)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM)
+                           BM, KP, BNS_LM, BK_LM, IEEE, LM_HALVES, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM, PACK=PACK_W)
         elif ph == 13:  # PH_MERGE (partials: the lm_head programs whose slab holds vocabulary rows)
             if MG_ROWS and not is_ctx:  # (tree depths: each row from the wide lm_head's logits scratch)
                 _ph_merge_rows(pid, nprog, m_out, lml_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV_MG, DT, KEY32_MG, G_MG)

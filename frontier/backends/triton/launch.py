@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -280,6 +281,16 @@ class Tuning:
     # persistent launch slower with blocks (batch 16 4.265 / 4.270 vs 4.212 / 4.222, batch 64
     # 13.19 / 13.23 vs 13.08 / 13.06)
     tree_blocks: Optional[bool] = None
+    # batch-1 launches (one activation tile of at most BM rows, not wide): gate, up and the
+    # lm_head are streamed from copies packed per slab (``pack_slabs``: each program's RP rows
+    # stored as [k-chunks, RP, BK], so that each pipeline stage reads one contiguous block
+    # instead of RP runs of BK elements). Made once per weight tensor and kept by the drafter
+    # (``Drafter.packed_bytes``: about the three matrices' size, ~600 MB at the 8B preset).
+    # Other launches stream the row-major weights (their tiles differ; a second packing would
+    # double the memory). Twenty-fifth session, H200, scripts/stream_probe.py --study blocked
+    # (the bare k-loop, % of copy bandwidth, row-major vs packed): 8B lm_head 79.8 vs 82.5,
+    # gate 75.5 vs 79.3, QKV 79.3 vs 82.5; 1B lm_head 80.3 vs 82.0, gate 63.1 vs 63.5.
+    pack_weights: bool = True
 
     PDL_TRIGGERS = ("start", "end", "streams_end", "small", "small_only")
 
@@ -356,6 +367,27 @@ def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int
     return spl, rp, bns, bk
 
 
+def pack_slabs(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
+    """A weight [N, Kd] packed per slab for a stream whose ``grid`` programs own RP rows each,
+    read in k-chunks of BK: [grid, ceil(Kd / BK), RP, BK], program g's rows [g * RP, g * RP +
+    RP) with chunk c's columns [c * BK, c * BK + BK) at [g, c] (rows past N and columns past Kd
+    zero). The kernel's ``_slab_base`` addresses it."""
+    n, kd = w.shape
+    kc = -(-kd // bk)
+    out = torch.zeros(grid, kc, rp, bk, dtype=w.dtype, device=w.device)
+    if kc * bk != kd:  # (small heads only: a padded copy first)
+        wp = torch.zeros(n, kc * bk, dtype=w.dtype, device=w.device)
+        wp[:, :kd] = w
+        w = wp
+    full = min(grid, n // rp)  # programs whose slab is all rows of w
+    if full:
+        out[:full].copy_(w[:full * rp].view(full, rp, kc, bk).transpose(1, 2))
+    rest = min(n - full * rp, rp) if full < grid else 0
+    if rest > 0:
+        out[full, :, :rest].copy_(w[full * rp:full * rp + rest].view(rest, kc, bk).transpose(0, 1))
+    return out
+
+
 @dataclass
 class SeqCall:
     """One sequence of a (batched) call: its new rows' features [n, F] and token ids [n], its
@@ -381,6 +413,7 @@ class LaunchPlan:
     fused: bool
     qh: bool
     sel: bool  # MERGE runs SELECT (Tuning.select_in_merge); the schedule has no SELECT entries
+    pack: bool  # gate, up and lm_head streamed from packed copies (Tuning.pack_weights)
     qh_vec: bool
     part_elems: int
     slab_args: tuple
@@ -514,8 +547,34 @@ class Drafter:
         self._graph_outs: dict = {}
         self._plans: dict = {}  # LaunchPlan by (batch size, interpreting)
         self._two_fit: dict = {}  # whether two programs of a step build fit on one SM, by build
+        self._packed: dict = {}  # Tuning.pack_weights: role -> (source ref, its version, rp, bk, packed copy)
 
     # ------------------------------------------------------------------------------------------
+    def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
+        """The copy of weight ``w`` packed for a stream of RP rows per program in k-chunks of BK
+        (``pack_slabs``), made on first use and kept per ``role`` for as long as the same
+        tensor, unmodified (its version counter), comes back with the same slab plan; anything
+        else replaces it (the old copy is freed before the new one is made), and the copy goes
+        when its source tensor is freed."""
+        e = self._packed.get(role)
+        if e is not None and e[0]() is w and e[1:4] == (w._version, rp, bk):
+            return e[4]
+        self._packed.pop(role, None)
+        t = pack_slabs(w, self.grid, rp, bk)
+        packed = self._packed
+
+        def gone(ref, role=role):  # the source tensor was freed: so is its copy
+            if packed.get(role, (None,))[0] is ref:
+                del packed[role]
+
+        packed[role] = (weakref.ref(w, gone), w._version, rp, bk, t)
+        return t
+
+    @property
+    def packed_bytes(self) -> int:
+        """Device memory held by the packed weight copies (``Tuning.pack_weights``)."""
+        return sum(e[4].numel() * e[4].element_size() for e in self._packed.values())
+
     def workspace(self, batch: int, rows: int) -> Workspace:
         if self.ws is None or self.ws.batch < batch or self.ws.rows < rows:
             cap_b = max(batch, self.ws.batch if self.ws is not None else 1)
@@ -694,6 +753,7 @@ class Drafter:
             return max(f, 1)
 
         qh = self.qkv_ahead(nb, slab_qh)
+        pack = tn.pack_weights and not wide and bm + bm2 <= tn.BM
         sel = not wide and (qh if tn.select_in_merge is None else tn.select_in_merge)
         # the context step's small tile (Tuning.ctx_rows): its own sub-slabs, k-chunks and fold
         bmc = max(16, _pow2(nb * tn.ctx_rows)) if wide and tn.ctx_rows > 0 else 0
@@ -748,7 +808,7 @@ class Drafter:
             BK_QKVC=bk_qkvc,
             FOLD_FC=folds[0][0], FOLD_O=folds[1][0], FOLD_D=folds[2][0], ST_FOLD=st_fold,
             BMK_LM=tn.lm_stat_rows, KEY16_LM=tn.lm_key32 and el == 2 and bnp_lm <= 65536,
-            KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums,
+            KEY32_MG=key32_mg, INLINE_SUMS=wide and tn.inline_sums, PACK_W=pack,
             MG_ROWS=wide and tn.merge_rows and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
             SEL_MG=sel, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
@@ -769,7 +829,7 @@ class Drafter:
             enable_fp_fusion=True,
         )
         return LaunchPlan(
-            wide=wide, fused=fused, qh=qh, sel=sel, qh_vec=h * el % 16 == 0,
+            wide=wide, fused=fused, qh=qh, sel=sel, pack=pack, qh_vec=h * el % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slab_args=(rp_fc, rp_qkv, rp_o, rp_gu, rp_d, rp_lm, nch, rps_qkv, rps_o, rps_d, s_qkv, s_o, s_d, rp_qh),
             const=const, ctx_const=ctx_const,
@@ -805,17 +865,22 @@ class Drafter:
         dummy = ws.sync  # stands in for absent optional tensors (never read)
         has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
         n_times = self.n_steps + 1 + (1 + 2 * self.n_steps) * self.grid * (int(timing) >= 2)
+        gate, up, lm_head = lw.gate_proj, lw.up_proj, weights.lm_head
+        if p.pack:  # (RP_GU, RP_LM: slab_args 3 and 5)
+            gate = self.packed("gate", gate, p.slab_args[3], p.const["BK_GU"])
+            up = self.packed("up", up, p.slab_args[3], p.const["BK_GU"])
+            lm_head = self.packed("lm_head", lm_head, p.slab_args[5], p.const["BK_LM"])
         if timing and ws.times.numel() < n_times:
             ws.times = torch.zeros(n_times, dtype=torch.int64, device=self.device)
         args = [
             self.schedule, 0, ws.sync, ws.times,
             weights.embed_tokens, weights.fc_weight, weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
-            lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, lw.gate_proj, lw.up_proj, lw.down_proj,
+            lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj, gate, up, lw.down_proj,
             lw.input_layernorm if lw.input_layernorm is not None else lw.post_attention_layernorm,
             lw.post_attention_layernorm,
             weights.hidden_norm if weights.hidden_norm is not None else lw.post_attention_layernorm,
             weights.norm if weights.norm is not None else lw.post_attention_layernorm,
-            weights.lm_head, weights.d2t if has_d2t else dummy, cos, sin,
+            lm_head, weights.d2t if has_d2t else dummy, cos, sin,
             meta, meta[nb * K_.META_W.value:] if n_rows else meta, ws.feat, ws.ids, ws.root, kv_base,
             ws.hcur, ws.hres, ws.xin, ws.qkv, ws.qr, ws.ao, ws.h1, ws.n2, ws.act, ws.hout, ws.nf, None, None,
             ws.tk, ws.tv, ws.apm, ws.apl, ws.aacc, ws.lmk, ws.lmmax, ws.lmsum, ws.lml if p.wide else dummy,
