@@ -103,6 +103,30 @@ def test_failed_call_leaves_cache_unchanged():
     assert cache.length == length and torch.equal(cache.k, k0) and torch.equal(cache.v, v0)
 
 
+def test_pack_weights_option_picks_a_drafter_without_packed_copies():
+    """Option ``pack_weights=False`` drafts with a drafter that streams the weights as they are
+    (no packed copies: ``Drafter.packed_bytes`` 0) and the same trees bit for bit; a value that
+    is not a bool is refused by name, and the cache is left as it was."""
+    cfg = random_config(total_token=10, depth=2, top_k=3)
+    w = random_weights(cfg, seed=5, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=7, seed=6)
+    be = frontier.get_backend("triton")
+    outs = {}
+    for pack in (True, False):
+        fr = frontier_generate(cfg, feats[:, :6].to(DEVICE), backend="triton", input_ids=ids[:, :7].to(DEVICE),
+                               weights=w, pack_weights=pack)
+        outs[pack] = fr
+        assert (be.drafter(cfg, w.dtype, torch.device(DEVICE), pack).packed_bytes > 0) == pack
+    assert torch.equal(outs[True].draft_tokens, outs[False].draft_tokens)
+    assert torch.equal(outs[True].retrieve_indices, outs[False].retrieve_indices)
+    cache = outs[True].cache
+    k0, length = cache.k.clone(), cache.length
+    with pytest.raises(InputError, match="pack_weights must be True or False, got 'no'"):
+        frontier_generate(cfg, feats[:, 6:].to(DEVICE), backend="triton", input_ids=ids.to(DEVICE), weights=w,
+                          cache=cache, pack_weights="no")
+    assert cache.length == length and torch.equal(cache.k, k0)
+
+
 def test_registration_is_idempotent_and_attributes():
     from frontier.backends.triton import TritonBackend, register_triton_backend
 

@@ -54,17 +54,20 @@ class TritonBackend(Backend):
         return True, ""
 
     # ------------------------------------------------------------------------------------------
-    def drafter(self, cfg, dtype: torch.dtype, device: torch.device):
-        from .launch import Drafter
+    def drafter(self, cfg, dtype: torch.dtype, device: torch.device, pack_weights: bool = True):
+        """The drafter of (cfg, dtype, device), made on first use and kept; ``pack_weights``
+        False: one that streams the weights as they are (``Tuning.pack_weights``: no packed
+        copies, none of their memory)."""
+        from .launch import Drafter, Tuning
 
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # "cuda" and "cuda:0" share one drafter
-        key = (cfg, dtype, str(device))
+        key = (cfg, dtype, str(device), pack_weights)
         with self._lock:
             d = self._drafters.get(key)
             if d is None:
-                d = Drafter(cfg, dtype, device)
+                d = Drafter(cfg, dtype, device, None if pack_weights else Tuning(pack_weights=False))
                 self._drafters[key] = d
         return d
 
@@ -97,6 +100,9 @@ class TritonBackend(Backend):
             raise InputError("option mode='persistent' cannot run under TRITON_INTERPRET=1 (its grid barrier would spin)")
         if mode == "graph" and (interpreting() or request.device.type != "cuda"):
             raise InputError("option mode='graph' (the step launches replayed as a CUDA graph) needs a CUDA device")
+        pack = request.options.get("pack_weights", True)
+        if not isinstance(pack, bool):
+            raise InputError(f"option pack_weights must be True or False, got {pack!r}")
         return mode
 
     def generate_batch(self, requests) -> list[Frontier]:
@@ -126,7 +132,7 @@ class TritonBackend(Backend):
         if len({id(c) for c in caches}) != len(caches):
             raise InputError("two sequences of a batch cannot share one draft cache")
 
-        d = self.drafter(cfg, w.dtype, r0.device)
+        d = self.drafter(cfg, w.dtype, r0.device, r0.options.get("pack_weights", True))
         with d_lock(d):
             ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
             # The Frontiers are built while the GPU drafts (their ops queue behind the kernel),

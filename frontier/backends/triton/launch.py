@@ -289,7 +289,12 @@ class Tuning:
     # Other launches stream the row-major weights (their tiles differ; a second packing would
     # double the memory). Twenty-fifth session, H200, scripts/stream_probe.py --study blocked
     # (the bare k-loop, % of copy bandwidth, row-major vs packed): 8B lm_head 79.8 vs 82.5,
-    # gate 75.5 vs 79.3, QKV 79.3 vs 82.5; 1B lm_head 80.3 vs 82.0, gate 63.1 vs 63.5.
+    # gate 75.5 vs 79.3, QKV 79.3 vs 82.5; 1B lm_head 80.3 vs 82.0, gate 63.1 vs 63.5. In the
+    # drafter (batch_variants.py --tunings base,pack_weights=false x3, graph, depth 7, device ms):
+    # 8B 1.876 / 1.883 / 1.882 vs 1.940 / 1.944 / 1.945 (per call, no PDL: lm_head 0.503 -> 0.471,
+    # gate/up 0.429 -> 0.402), 1B 1.018 / 1.034 / 1.033 vs 1.041 x3. QKV packed as well (its
+    # hidden half a second copy, +150 MB at 8B): MERGE 0.110 -> 0.106, QKV 0.120 -> 0.119; not kept.
+    # The backend's option pack_weights=False picks a drafter without the copies.
     pack_weights: bool = True
 
     PDL_TRIGGERS = ("start", "end", "streams_end", "small", "small_only")
