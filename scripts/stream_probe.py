@@ -11,8 +11,10 @@ one contiguous block; ``read`` - plain reads with no dot (contiguous per program
 slab's tiles); ``tiles`` - tile shapes, warps, a 3-D k-split dot, swapped operands, bulk tensor
 copies (TMA); ``l2`` - the same stream from HBM and from L2 (one copy re-read), which tells a
 memory-bound k-loop from an SM-bound one; ``ksplit`` - shorter accumulator chains per k-chunk
-(folded, a 3-D dot, 2 or 4 separate accumulators), from HBM and L2. The A/B studies alternate their variants over several rounds, because the device's
-speed drifts between runs by more than the differences sought.
+(folded, a 3-D dot, 2 or 4 separate accumulators), from HBM and L2; ``blocked`` - row-major
+against packed per slab (as ``Tuning.pack_weights`` packs) and row-blocked layouts (blocks of 16
+or 32 rows, each [k-chunks, rows, BK]: any grid). The A/B studies alternate their variants over
+several rounds, because the device's speed drifts between runs by more than the differences sought.
 
     python3 scripts/stream_probe.py --study fold,packed      # the 8B preset's streams at batch 1
 """
