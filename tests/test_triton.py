@@ -402,7 +402,7 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
         return real(self, weights, sq, *a, **kw)
 
     monkeypatch.setattr(Drafter, "run_batch", run_batch)
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
 
@@ -447,7 +447,7 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
             return launch
 
     monkeypatch.setattr(K_, "drafter_kernel", Spy())
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     got = {}
     for code, kw in seen:
@@ -1122,7 +1122,7 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     p = d.plan(12)
     assert p.wide and p.fused and set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
     assert p.const["FOLD_O"] > 1 and p.const["FOLD_D"] > 1
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
 
 
@@ -1630,7 +1630,7 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
         p = d.plan(3)
         assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
         assert p.ctx_const.get(K_.PH_MERGE) == (dict(MG_ROWS=False) if phase_kernels else None)
-        monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device: d)
+        monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
         seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
         _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
         outs.append(_draft_tuned(cfg, w, seqs, tn)[1])

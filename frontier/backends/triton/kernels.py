@@ -983,15 +983,17 @@ def _wide_key(k, DT: tl.constexpr, base=0):
 
 
 @triton.jit
-def _top_rounds16(keys, top, col, K, base, DT: tl.constexpr):
-    """K rounds of row maxima over 32-bit keys [rows, n] (``_keys16``): column j of ``top``
-    [rows, KP] gets the j-th best as a ``_key`` of (value as fp32, base + slab-local index);
-    rows with fewer than j+1 valid keys get KEY_NONE."""
+def _top_rounds16(keys, col, K, base, DT: tl.constexpr):
+    """K rounds of row maxima over 32-bit keys [rows, n] (``_keys16``): [rows, KP] (KP = the
+    columns ``col`` [1, KP] counts) whose column j is the j-th best as a ``_key`` of (value as
+    fp32, base + slab-local index), KEY_NONE from column K on and where a row has fewer than
+    j+1 valid keys. The rounds keep the 32-bit picks; they are widened once, after the last."""
+    top = tl.full([keys.shape[0], col.shape[1]], KEY32_NONE, tl.int32)
     for j in range(K):
         best = tl.max(keys, axis=1)
-        top = tl.where(col == j, _wide_key(best, DT, base)[:, None], top)
+        top = tl.where(col == j, best[:, None], top)
         keys = tl.where(keys == best[:, None], KEY32_NONE, keys)
-    return top
+    return _wide_key(top, DT, base)
 
 
 @triton.jit
@@ -1087,7 +1089,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 nsum = tl.where(omax == float("-inf"), 0.0, osum * tl.exp(omax - nsafe)) + \
                     tl.where(tmax == float("-inf"), 0.0, tsum * tl.exp(tmax - nsafe))
             if K16:
-                top = _top_rounds16(key1, top, col, K, pid * RP, DT)
+                top = _top_rounds16(key1, col, K, pid * RP, DT)
             else:
                 for j in range(K):  # K rounds of the row max: the (running) top-K, ranked
                     best = tl.max(key1, axis=1)
@@ -1159,7 +1161,7 @@ def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
         rsum = tl.sum(tl.exp(logit - safe[:, None]), axis=1)
         top = tl.full([BMK, KP], KEY_NONE, tl.int64)
         if KEY16:  # entries from K on stay empty
-            top = _top_rounds16(_keys16(raw, rc[None, :], valid), top, col, K, pid * RP, DT)
+            top = _top_rounds16(_keys16(raw, rc[None, :], valid), col, K, pid * RP, DT)
         else:
             keys = tl.where(valid, _key(logit, cols[None, :]), KEY_NONE)
             for j in range(K):  # entries from K on stay empty
