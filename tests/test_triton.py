@@ -929,7 +929,7 @@ def test_pack_slabs_lays_out_each_program_slab_chunk_by_chunk(n, kd, grid, rp, b
     """``launch.pack_slabs``: element [g, c, r, j] is row g * RP + r, column c * BK + j of the
     weight, zero past its rows or columns - whether the last program's slab is partial, several
     programs have no rows (20 rows on 5 x 3), the grid covers fewer rows than the weight (9 rows
-    on 4 x 2: the last is no program's) or BK does not divide Kd."""
+    on 4 x 2: the last is no program's) or BK does not divide Kd; from a column-major weight too."""
     from frontier.backends.triton.launch import pack_slabs
 
     w = torch.randn(n, kd, generator=torch.Generator().manual_seed(n + kd))
@@ -941,6 +941,7 @@ def test_pack_slabs_lays_out_each_program_slab_chunk_by_chunk(n, kd, grid, rp, b
     inside = (row < n) & (col < kd)
     assert torch.equal(out[inside], w[row[inside], col[inside]])
     assert not out[~inside].any()
+    assert torch.equal(pack_slabs(w.t().contiguous().t(), grid, rp, bk), out)  # a column-major weight alike
 
 
 @pytest.mark.parametrize("arch,hidden,grid,seed", [("eagle3", 32, 2, 21), ("eagle3", 30, 5, 23), ("eagle2", 40, 3, 25)])

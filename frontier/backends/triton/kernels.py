@@ -1672,9 +1672,9 @@ def drafter_kernel(
     program that merges its last one runs its SELECT right away, while the other programs still
     stream the next depth's QKV hidden half (QH), instead of a phase of its own after MERGE.
     KEY32_SEL (16-bit dtypes): SELECT's prune ranks 32-bit keys (``_ph_select``).
-    PACK_W (narrow launches, ``Tuning.pack_weights``): gate, up and lm_head are the launcher's
-    copies packed per slab (``_slab_base``, ``launch.pack_slabs``), each stage's tile one
-    contiguous block; no other phase reads them.
+    PACK_W (launches whose tree rows fit one BM-row tile, ``Tuning.pack_weights``): gate, up and
+    lm_head are the launcher's copies packed per slab (``_slab_base``, ``launch.pack_slabs``),
+    each stage's tile one contiguous block; no other phase reads them.
     PDL > 0 (step launches on sm_90+ made with programmatic dependent launch): the launch may
     start while the one before it still runs, so every program first waits for that one to
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier

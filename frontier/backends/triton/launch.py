@@ -281,11 +281,12 @@ class Tuning:
     # persistent launch slower with blocks (batch 16 4.265 / 4.270 vs 4.212 / 4.222, batch 64
     # 13.19 / 13.23 vs 13.08 / 13.06)
     tree_blocks: Optional[bool] = None
-    # batch-1 launches (one activation tile of at most BM rows, not wide): gate, up and the
-    # lm_head are streamed from copies packed per slab (``pack_slabs``: each program's RP rows
-    # stored as [k-chunks, RP, BK], so that each pipeline stage reads one contiguous block
-    # instead of RP runs of BK elements). Made once per weight tensor and kept by the drafter
-    # (``Drafter.packed_bytes``: about the three matrices' size, ~600 MB at the 8B preset).
+    # launches whose tree rows fit one activation tile of BM rows (batch 1 at top_k 10): gate,
+    # up and the lm_head are streamed from copies packed per slab (``pack_slabs``: each
+    # program's RP rows stored as [k-chunks, RP, BK], so that each pipeline stage reads one
+    # contiguous block instead of RP runs of BK elements). Made once per weight tensor and kept
+    # by the drafter (``Drafter.packed_bytes``: about the three matrices' size, 498 MB at the 8B
+    # preset, 200 MB at 1B).
     # Other launches stream the row-major weights (their tiles differ; a second packing would
     # double the memory). Twenty-fifth session, H200, scripts/stream_probe.py --study blocked
     # (the bare k-loop, % of copy bandwidth, row-major vs packed): 8B lm_head 79.8 vs 82.5,
@@ -386,10 +387,10 @@ def pack_slabs(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
         w = wp
     full = min(grid, n // rp)  # programs whose slab is all rows of w
     if full:
-        out[:full].copy_(w[:full * rp].view(full, rp, kc, bk).transpose(1, 2))
+        out[:full].copy_(w[:full * rp].reshape(full, rp, kc, bk).transpose(1, 2))
     rest = min(n - full * rp, rp) if full < grid else 0
     if rest > 0:
-        out[full, :, :rest].copy_(w[full * rp:full * rp + rest].view(rest, kc, bk).transpose(0, 1))
+        out[full, :, :rest].copy_(w[full * rp:full * rp + rest].reshape(rest, kc, bk).transpose(0, 1))
     return out
 
 
@@ -560,7 +561,9 @@ class Drafter:
         (``pack_slabs``), made on first use and kept per ``role`` for as long as the same
         tensor, unmodified (its version counter), comes back with the same slab plan; anything
         else replaces it (the old copy is freed before the new one is made), and the copy goes
-        when its source tensor is freed."""
+        when its source tensor is freed. (A change written through ``w.data`` does not move
+        ``w``'s version counter, so it is not seen: change weights in place on the tensor
+        itself, e.g. ``copy_`` under ``torch.no_grad()``, or draft with ``pack_weights=False``.)"""
         e = self._packed.get(role)
         if e is not None and e[0]() is w and e[1:4] == (w._version, rp, bk):
             return e[4]
