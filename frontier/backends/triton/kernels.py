@@ -1196,6 +1196,17 @@ def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr):
 
 
 @triton.jit
+def _best_k(keys, rk, K, DT: tl.constexpr):
+    """The K best of ``keys`` [n], 32-bit ``_keys16`` or 64-bit ``_key``s, as 64-bit ``_key``s
+    [KP] (``rk`` = arange(KP)), best first, KEY_NONE from K on and where fewer than K keys are
+    valid: ``_rank_rounds`` in the keys' own width, 32-bit picks widened once after the rounds."""
+    top = _rank_rounds(keys, tl.zeros(rk.shape, keys.dtype), rk, K, False)  # (a fresh list: only its shape counts)
+    if keys.dtype == tl.int32:
+        top = _wide_key(top, DT)
+    return top
+
+
+@triton.jit
 def _lp_keys(row, idx, V, gmax, logs, DT: tl.constexpr, KEY32: tl.constexpr):
     """Ranking keys of the log-probs at vocabulary indices ``idx`` (any shape) of one logits row:
     ``((logit - max) - log(sum of exp))`` rounded to DT, then 32-bit ``_keys16`` (KEY32) or
@@ -1257,14 +1268,11 @@ def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
         if KEY32:
             g0 = ((0xFFFF - (gtop & 0xFFFF)) // G) * G
             cand = tl.where((gtop != KEY32_NONE)[:, None], g0[:, None] + rkg, V)
-            keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
-            # widened to the 64-bit key (as _ph_merge's KEY32 form stores them)
-            wide = _wide_key(_rank_rounds(keys, gtop, rk, K, False), DT)
         else:
             g0 = (_key_idx(gtop) // G) * G
             cand = tl.where((gtop != KEY_NONE)[:, None], g0[:, None] + rkg, V)
-            keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
-            wide = _rank_rounds(keys, gtop, rk, K, False)
+        keys = tl.reshape(_lp_keys(row, cand, V, gmax, logs, DT, KEY32), [KP * G])
+        wide = _best_k(keys, rk, K, DT)  # (widened to 64-bit keys, as _ph_merge's KEY32 form stores them)
         tl.store(sel_lp_ptr + r * KP + rk, _key_val(wide), mask=rk < K)
         tl.store(sel_tok_ptr + r * KP + rk, _key_idx(wide), mask=rk < K)
 
@@ -1300,14 +1308,12 @@ def _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
     lp = ((_key_val(ks) - gmax) - logs).to(DT)
     if KEY32:
         k2 = _keys16(lp, _key_idx(ks).to(tl.int32), ks != KEY_NONE)
-        none = KEY32_NONE
     else:
         k2 = tl.where(ks == KEY_NONE, KEY_NONE, _key(lp.to(tl.float32), _key_idx(ks)))
-        none = KEY_NONE
     rk = tl.arange(0, KP)
-    top = _rank_rounds(k2, tl.full([KP], none, k2.dtype), rk, K, False)
-    if KEY32:  # widened to 64-bit keys once; no candidate left (which a vocabulary of >= K
-        top = _wide_key(top, DT)  # entries never leaves) stores what the 64-bit ranking stores then
+    # (KEY32: no candidate left, which a vocabulary of >= K entries never leaves, stores what the
+    # 64-bit ranking stores then)
+    top = _best_k(k2, rk, K, DT)
     tl.store(sel_lp_ptr + r * KP + rk, _key_val(top), mask=rk < K)
     tl.store(sel_tok_ptr + r * KP + rk, _key_idx(top), mask=rk < K)
 
@@ -1372,13 +1378,11 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(cand_s + base + flat, cs, mask=valid)
             offset = tl.where(i == 0, 1, 1 + K + (i - 1) * K * K)
             tl.store(rpar + 1 + i * K + rr, pick_old + offset, mask=rmask)
-            if KEY32:  # (the picks widened to 64-bit keys after the rounds)
-                top = _rank_rounds(_keys16(cs.to(DT), flat, valid), tl.full([BLOCK_K], KEY32_NONE, tl.int32), rr,
-                                   K, False)
-                top = _wide_key(top, DT)
+            if KEY32:
+                keys = _keys16(cs.to(DT), flat, valid)
             else:
-                top = _rank_rounds(tl.where(valid, _key(cs, flat), KEY_NONE), tl.full([BLOCK_K], KEY_NONE, tl.int64),
-                                   rr, K, False)
+                keys = tl.where(valid, _key(cs, flat), KEY_NONE)
+            top = _best_k(keys, rr, K, DT)
             npick = _key_idx(top).to(tl.int32)  # (past K: no pick; every use below is masked or clamped)
             nscore = _key_val(top)
             tl.store(cand_t + base + flat, tok, mask=valid)
