@@ -74,8 +74,8 @@ class TritonBackend(Backend):
     def generate(self, request) -> Frontier:
         return self.generate_batch([request])[0]
 
-    def _check(self, request) -> str:
-        """Refusals of this backend (clear errors); returns the launch mode."""
+    def _check(self, request) -> tuple[str, bool]:
+        """Refusals of this backend (clear errors); returns the launch mode and ``pack_weights``."""
         from .launch import interpreting
 
         cfg = request.cfg
@@ -103,7 +103,7 @@ class TritonBackend(Backend):
         pack = request.options.get("pack_weights", True)
         if not isinstance(pack, bool):
             raise InputError(f"option pack_weights must be True or False, got {pack!r}")
-        return mode
+        return mode, pack
 
     def generate_batch(self, requests) -> list[Frontier]:
         """Draft B sequences in one launch: every weight tile is streamed once for the tree rows
@@ -115,7 +115,7 @@ class TritonBackend(Backend):
         modes = {r.options.get("mode") for r in requests}
         if len(modes) != 1:
             raise InputError(f"all sequences of a batch must use one launch mode, got {sorted(map(str, modes))}")
-        mode = self._check(requests[0])
+        mode, pack = self._check(requests[0])
         r0 = requests[0]
         cfg, w = r0.cfg, r0.weights
         seqs, caches = [], []
@@ -132,7 +132,7 @@ class TritonBackend(Backend):
         if len({id(c) for c in caches}) != len(caches):
             raise InputError("two sequences of a batch cannot share one draft cache")
 
-        d = self.drafter(cfg, w.dtype, r0.device, r0.options.get("pack_weights", True))
+        d = self.drafter(cfg, w.dtype, r0.device, pack)
         with d_lock(d):
             ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
             # The Frontiers are built while the GPU drafts (their ops queue behind the kernel),
