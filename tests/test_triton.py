@@ -539,6 +539,20 @@ def _assert_same_bits(a, b):
         assert torch.equal(x.cache.v[:, :, : x.n], y.cache.v[:, :, : y.n])
 
 
+def _assert_same_bits_across_tile_widths(a, b):
+    """Two launches that sum every dot in the same order but multiply tiles of different widths
+    (the context step's own builds against one build for every phase): bit for bit on the GPU,
+    where a dot's sum for one output does not depend on the tile's width. Under the interpreter
+    a dot is numpy's matmul, and OpenBLAS rounds a product of another width differently on some
+    CPUs (seen on an AMD EPYC: fp32 16 x 32 by 32 x 16 against the first 16 columns of 32 x 64,
+    2e-6 apart), so there the trees and parents must be equal and the scores and new cache rows
+    agree to fp32 rounding (``_assert_same_launch``)."""
+    if DEVICE == "cuda":
+        _assert_same_bits(a, b)
+    else:
+        _assert_same_launch(a, b)
+
+
 def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     """Small accumulators force every weight phase through several sub-slabs and the 20 tree
     rows through two 16-row tiles: the lm_head's running max / sum / top-K merge across sub-slabs,
@@ -1621,7 +1635,9 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     it alone, over three calls - with the context step's own builds (its register lm_head keeps
     its partials, and its MERGE reads those) and with one build for every phase (as the
     persistent launch has: there the context step's wide lm_head keeps its statistics, and the
-    tree depths' write the scratch only) - and the two forms draft the same bits."""
+    tree depths' write the scratch only) - and the two forms draft the same bits (on the GPU;
+    the same trees and scores to fp32 rounding under the interpreter, whose dot rounds by the
+    tile's width on some CPUs)."""
     from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
@@ -1639,7 +1655,7 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
         seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
         _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
         outs.append(_draft_tuned(cfg, w, seqs, tn)[1])
-    _assert_same_bits(*outs)  # one more launch of each form: trees, scores and cache rows
+    _assert_same_bits_across_tile_widths(*outs)  # one more launch of each form: trees, scores, cache rows
     big = _arch_config(arch, 70000, vocab_size=70000)  # (past 65536: the lm_head keeps its own statistics)
     assert not Drafter(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
 
