@@ -590,9 +590,8 @@ def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch, seed):
     scores and cache rows, bit for bit, as with the reduction phases, in step launches (one
     program per row) and with the whole phase switch on the grid. The context step keeps the
     tree rows' tiles in all three (``ctx_builds=False``; the whole switch has no builds of its
-    own for it): its own builds multiply tiles of other widths, and the interpreter's dot
-    (numpy's matmul) rounds a product of another width differently on some CPUs (seen on an
-    AMD EPYC: fp32 16 x 32 by 32 x 16 vs the first 16 columns of 32 x 64, 2e-6 apart)."""
+    own for it), so the interpreter's dot multiplies tiles of one width in every variant (why
+    that matters: ``_assert_same_bits_across_tile_widths``)."""
     from frontier.backends.triton import kernels as K_
     from frontier.backends.triton.launch import Tuning
 
