@@ -41,6 +41,13 @@ def runnable_backends() -> list[str]:
     return out
 
 
+def backend_device(name: str) -> torch.device:
+    """Where a test puts a backend's inputs: the CPU where the backend takes CPU tensors, else
+    the GPU (triton compiled for a GPU takes CUDA tensors only; under the interpreter it lists
+    the CPU)."""
+    return torch.device("cpu" if "cpu" in frontier.get_backend(name).devices else "cuda")
+
+
 @pytest.fixture(params=runnable_backends())
 def backend_name(request):
     """Every backend that can run here; tests draw weights only for those that need them."""

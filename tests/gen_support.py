@@ -4,6 +4,7 @@ included) to use them there."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -48,10 +49,28 @@ def _head(target, t, d, k, seed=1):
 
 
 def _reference(target, ids, n, **kw):
-    """``target.generate(do_sample=False)`` for one prompt ([P] or [1, P])."""
+    """``target.generate(do_sample=False)`` for one prompt ([P] or [1, P]), on the target's device."""
     if ids.dim() == 1:
         ids = ids[None]
-    return target.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+    return target.generate(ids.to(target.device), do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+
+
+_ON_DEVICE = {}
+
+
+def on_backend_device(backend, target, w):
+    """``target`` and the head ``w`` where ``backend`` takes its inputs (``conftest.backend_device``):
+    as they are on the CPU; else a copy of the target moved to that device (one per target and
+    device, kept for the session: the module fixture stays on the CPU) and the head moved there."""
+    from conftest import backend_device
+
+    dev = backend_device(backend)
+    if dev.type == "cpu":
+        return target, w
+    key = (id(target), str(dev))
+    if key not in _ON_DEVICE:
+        _ON_DEVICE[key] = (target, copy.deepcopy(target).to(dev))  # (the original keeps its id alive)
+    return _ON_DEVICE[key][1], (w.to(dev) if w is not None else None)
 
 
 def _weights_for(backend, w):

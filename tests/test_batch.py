@@ -9,6 +9,8 @@ import frontier
 from frontier import BatchDraftCache, CacheError, InputError, frontier_generate, frontier_generate_batch
 from frontier.random_head import random_config, random_weights
 
+from conftest import backend_device
+
 BATCH_CFGS = [
     dict(total_token=20, depth=4, top_k=4, vocab_size=64, target_vocab_size=200, architecture="eagle3"),
     dict(total_token=13, depth=3, top_k=3, vocab_size=45, target_vocab_size=45, architecture="eagle2", hidden_size=40,
@@ -27,9 +29,9 @@ def _ragged_batch(cfg, seed, batch):
     return seqs, g
 
 
-def _kwargs(backend, cfg, seed, dtype=torch.float32):
+def _kwargs(backend, cfg, seed, dtype=torch.float32, device="cpu"):
     if frontier.get_backend(backend).requires_weights:
-        return {"weights": random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype)}
+        return {"weights": random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype, device=device)}
     return {}
 
 
@@ -37,10 +39,11 @@ def _kwargs(backend, cfg, seed, dtype=torch.float32):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ragged_batch_equals_single_sequence_drafting(backend_name, cfg_kw, seed):
     cfg = random_config(**cfg_kw)
-    kw = _kwargs(backend_name, cfg, seed)
+    dev = backend_device(backend_name)
+    kw = _kwargs(backend_name, cfg, seed, device=dev)
     seqs, g = _ragged_batch(cfg, seed, batch=3 + seed)
-    ids = [s[0] for s in seqs]
-    feats = [s[1] for s in seqs]
+    ids = [s[0].to(dev) for s in seqs]
+    feats = [s[1].to(dev) for s in seqs]
     singles = [None] * len(seqs)
     caches = None
     sampling = bool(seed)
@@ -59,8 +62,8 @@ def test_ragged_batch_equals_single_sequence_drafting(backend_name, cfg_kw, seed
         nxt_ids, nxt_feats = [], []
         for b in range(len(seqs)):
             n = int(torch.randint(1, 7, (1,), generator=g))
-            nxt_ids.append(torch.cat([ids[b], torch.randint(0, cfg.target_vocab_size, (1, n), generator=g)], dim=1))
-            nxt_feats.append(torch.randn(1, n, cfg.feature_size, generator=g))
+            nxt_ids.append(torch.cat([ids[b], torch.randint(0, cfg.target_vocab_size, (1, n), generator=g).to(dev)], dim=1))
+            nxt_feats.append(torch.randn(1, n, cfg.feature_size, generator=g).to(dev))
         ids, feats = nxt_ids, nxt_feats
 
 

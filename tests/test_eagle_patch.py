@@ -10,6 +10,7 @@ and an ``eagenerate`` loop in the reference's style (retrieve-row greedy verific
 
 from __future__ import annotations
 
+import copy
 import os
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from frontier.eagle_patch import is_patched, patch_ea_model_with_triton_drafter,
 from frontier.generation import generate, random_pair
 from frontier.registry import Backend, register_backend, unregister_backend
 
-from conftest import runnable_backends
+from conftest import backend_device, runnable_backends
 from gen_support import _one_thread  # noqa: F401
 
 H, V_T, V_D = 64, 256, 128
@@ -113,10 +114,10 @@ class FakeEaModel(nn.Module):
         while new < max_new_tokens:
             ctx = input_ids.shape[1]
             t = draft.shape[1]
-            add = torch.zeros(t, ctx + t)
+            add = torch.zeros(t, ctx + t, device=input_ids.device)
             add[:, ctx:][tmask[0, 0] == 0] = torch.finfo(torch.float32).min
             logits, hidden_new, cache = self._forward(draft, cache, add[None, None], (tpos + ctx)[None])
-            ext = torch.cat([draft[0], torch.tensor([-1])])
+            ext = torch.cat([draft[0], torch.tensor([-1], device=draft.device)])
             candidates = ext[retrieve]  # [leaves, depth+1]
             row_logits = logits[0][retrieve]  # [leaves, depth+1, V]
             match = (candidates[:, 1:] == row_logits[:, :-1].argmax(-1)).int()
@@ -172,14 +173,17 @@ def test_unpatched_model_cannot_draft(target):
 
 @pytest.mark.parametrize("backend", runnable_backends())
 def test_patched_eagenerate_is_lossless(target, backend):
-    model = _model(target, seed=1)
+    dev = backend_device(backend)
+    if dev.type != "cpu":  # (a copy: the module's target stays on the CPU)
+        target = copy.deepcopy(target).to(dev)
+    model = _model(target, seed=1).to(dev)
     patch_ea_model_with_triton_drafter(model, backend=backend)
     assert is_patched(model)
     cases = [(5, 20), (12, 9)]
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
         cases = [(5, 4)]  # seconds per draft call under the interpreter
     for seed, (plen, n) in enumerate(cases):
-        ids = torch.randint(3, V_T, (1, plen), generator=torch.Generator().manual_seed(seed))
+        ids = torch.randint(3, V_T, (1, plen), generator=torch.Generator().manual_seed(seed)).to(dev)
         out = model.eagenerate(ids, max_new_tokens=n)
         ref = target.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
         assert torch.equal(out, ref)

@@ -19,7 +19,8 @@ from frontier.generation import (
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
-    TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, pair, plant_continuation,
+    TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, on_backend_device, pair,
+    plant_continuation,
 )
 
 
@@ -67,6 +68,7 @@ def oracle():
 def test_greedy_lossless_every_backend(pair, tree, backend_name):
     target, _, _ = pair
     cfg, w = _head(target, *tree, seed=3 + tree[0])
+    target, w = on_backend_device(backend_name, target, w)
     cases = [(1, 9), (6, 23), (13, 17)]
     if interpreted(backend_name):
         cases = [(6, 4), (1, 3)] if tree == TREES[0] else [(6, 4)]

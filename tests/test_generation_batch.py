@@ -22,7 +22,8 @@ from frontier.generation import (
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
-    TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, pair, plant_continuation,
+    TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, on_backend_device, pair,
+    plant_continuation,
 )
 
 
@@ -79,7 +80,7 @@ def oracle():
 def test_batch_greedy_equals_each_prompt_alone(pair, tree, backend_name):
     target, _, _ = pair
     cfg, w = _head(target, *tree, seed=11 + tree[0])
-    w = _weights_for(backend_name, w)
+    target, w = on_backend_device(backend_name, target, _weights_for(backend_name, w))
     seeds = [0, 1, 2]
     if interpreted(backend_name):
         if tree != TREES[0]:
