@@ -7,6 +7,7 @@ Plugins here are real installed-looking distributions: a temporary ``*.dist-info
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -235,7 +236,9 @@ def test_fresh_interpreter_discovers_plugin_lazily(plugins):
         print("OK", ",".join(names))
         """
     )
-    env = {"PYTHONPATH": f"{plugins}:{REPO}", "PATH": "/usr/bin:/bin", "FRONTIER_DISABLE_PLUGIN_AUTOLOAD": ""}
+    # (the caller's PYTHONPATH after ours: where the dependencies were installed onto it)
+    path = ":".join(p for p in (str(plugins), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin", "FRONTIER_DISABLE_PLUGIN_AUTOLOAD": ""}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "OK " + ",".join(sorted(BUILTINS + ["breadth", "broken"]))
