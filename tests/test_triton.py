@@ -462,18 +462,24 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
                    (K_.PH_ATTN_F, True): {16}, (K_.PH_ATTN_F, False): {32}}
 
 
-def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref():
+def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref(monkeypatch):
     """The fused (batched) attention takes a sequence's tree keys of every depth so far as
-    dense blocks masked to each row's ancestors: with depth 5 and top_k 4 the deepest step has
-    24 tree keys, more than one block of 16 (the interpreter's), and each sequence of a ragged
-    batch must still draft what torch_ref drafts for it alone."""
-    from frontier.backends.triton.launch import Drafter
+    dense blocks masked to each row's ancestors: the deepest step has more tree keys than one
+    block holds (depth 5, top_k 4: 24 keys against the interpreter's blocks of 16; on a GPU,
+    depth 7, top_k 9: 72 against 64), and each sequence of a ragged batch must still draft what
+    torch_ref drafts for it alone. The grid is the interpreter's 2 programs on a GPU too: a batch
+    of 3 takes the fused attention only where its items fill the grid."""
+    from frontier.backends.triton.backend import TritonBackend
+    from frontier.backends.triton.launch import Drafter, Tuning
 
-    cfg = random_config(total_token=20, depth=5, top_k=4, vocab_size=56, target_vocab_size=100)
+    depth, top_k = (5, 4) if INTERPRET else (7, 9)
+    cfg = random_config(total_token=20, depth=depth, top_k=top_k, vocab_size=56, target_vocab_size=100)
     w = random_weights(cfg, seed=57, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, 58, batch=3, lo=2, hi=9)
-    p = Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(3)
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=2))
+    p = d.plan(3)
     assert p.fused and (cfg.depth + 1) * cfg.top_k > p.const["BLOCK_NF"]
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
 
 
