@@ -2,7 +2,7 @@
 # The whole test suite on the GPU machine in one call: every test, GPU-marked or not (on a GPU the
 # Triton kernels compile for the device instead of running under the interpreter), split
 # round-robin into SHARDS pytest processes that share one Triton cache. Each shard's verbose log
-# lands under $OUT; the summary counts them. Tests a shard had not reached when its time ran out
+# lands in $OUT/shards.tgz; the summary counts them. Tests a shard had not reached when its time ran out
 # are listed in $OUT/unfinished.txt, to pass as the node list of a second call:
 #   bash scripts/gpu_parity.sh [SHARDS] [SECONDS] [node-id file]
 # Run with the device tool, carrying .whl (pydantic wheels; see scripts/gpu_env.sh).
@@ -29,3 +29,5 @@ for s in $(seq 0 $((SHARDS - 1))); do
 done
 wait
 python3 scripts/parity_summary.py "$OUT" "$SHARDS" | tee -a "$OUT/summary.txt"
+# (few files come back from the device: the shards' lists and logs travel as one archive)
+tar -C "$OUT" -czf "$OUT/shards.tgz" $(cd "$OUT" && ls shard*.txt shard*.log) && rm -f "$OUT"/shard*.txt "$OUT"/shard*.log
