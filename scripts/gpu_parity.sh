@@ -2,8 +2,8 @@
 # The whole test suite on the GPU machine in one call: every test, GPU-marked or not (on a GPU the
 # Triton kernels compile for the device instead of running under the interpreter), split
 # round-robin into SHARDS pytest processes that share one Triton cache. Each shard's verbose log
-# lands in $OUT/shards.tgz; the summary counts them. Tests a shard had not reached when its time ran out
-# are listed in $OUT/unfinished.txt, to pass as the node list of a second call:
+# lands in $OUT/shards.tgz; the summary counts them. Tests a shard had not reached when its time
+# ran out are listed in $OUT/unfinished.txt, to pass as the node list of a second call:
 #   bash scripts/gpu_parity.sh [SHARDS] [SECONDS] [node-id file]
 # Run with the device tool, carrying .whl (pydantic wheels; see scripts/gpu_env.sh).
 cd "$(dirname "$0")/.."
