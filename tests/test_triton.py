@@ -338,6 +338,14 @@ def _ragged(cfg, seed, batch, lo, hi):
     return out, g
 
 
+def _drafting_with(monkeypatch, d):
+    """Every triton call of the test drafts with the drafter ``d`` (built with a tuning of its own)
+    instead of the backend's own drafter for its head."""
+    from frontier.backends.triton.backend import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+
+
 def _batch_vs_single(cfg, w, seqs, g, device, calls, sampling=False, **opts):
     """Drafts the ragged batch ``calls`` times (each sequence then gets 1..5 new rows) on separate
     per-sequence caches, and checks every sequence against torch_ref drafting it alone."""
@@ -384,7 +392,6 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
     and on the wide tile otherwise (the kernel chooses at run time): a first call of 21+ new rows
     (the wide tile) and later calls of at most 15 (the small one), each sequence as torch_ref
     drafts it alone."""
-    from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
@@ -402,7 +409,7 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
         return real(self, weights, sq, *a, **kw)
 
     monkeypatch.setattr(Drafter, "run_batch", run_batch)
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+    _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
 
@@ -420,7 +427,6 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
     k-chunks. Each sequence of a ragged batch drafts what torch_ref drafts for it alone, over
     three calls."""
     from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56, hidden_size=64,
@@ -447,7 +453,7 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
             return launch
 
     monkeypatch.setattr(K_, "drafter_kernel", Spy())
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+    _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     got = {}
     for code, kw in seen:
@@ -469,7 +475,6 @@ def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref(mo
     depth 7, top_k 9: 72 against 64), and each sequence of a ragged batch must still draft what
     torch_ref drafts for it alone. The grid is the interpreter's 2 programs on a GPU too: a batch
     of 3 takes the fused attention only where its items fill the grid."""
-    from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     depth, top_k = (5, 4) if INTERPRET else (7, 9)
@@ -479,7 +484,7 @@ def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref(mo
     d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=2))
     p = d.plan(3)
     assert p.fused and (cfg.depth + 1) * cfg.top_k > p.const["BLOCK_NF"]
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+    _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2)
 
 
@@ -1136,7 +1141,6 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     alone: a ragged batch of 12 (120 tree rows: a wide launch), on a grid of 48 so that the
     medium head's 2 KV heads take the fused attention, over three calls, on two seeds."""
     from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _medium_config(arch)
@@ -1146,7 +1150,7 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     p = d.plan(12)
     assert p.wide and p.fused and set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
     assert p.const["FOLD_O"] > 1 and p.const["FOLD_D"] > 1
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+    _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
 
 
@@ -1643,7 +1647,6 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     tree depths' write the scratch only) - and the two forms draft the same bits (on the GPU;
     the same trees and scores to fp32 rounding under the interpreter, whose dot rounds by the
     tile's width on some CPUs)."""
-    from frontier.backends.triton.backend import TritonBackend
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
@@ -1656,7 +1659,7 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
         p = d.plan(3)
         assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
         assert p.ctx_const.get(K_.PH_MERGE) == (dict(MG_ROWS=False) if phase_kernels else None)
-        monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True: d)
+        _drafting_with(monkeypatch, d)
         seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
         _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
         outs.append(_draft_tuned(cfg, w, seqs, tn)[1])
