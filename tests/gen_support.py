@@ -67,10 +67,10 @@ def on_backend_device(backend, target, w):
     dev = backend_device(backend)
     if dev.type == "cpu":
         return target, w
-    key = (id(target), str(dev))
+    key = (target, str(dev))  # (a module hashes by identity)
     if key not in _ON_DEVICE:
-        _ON_DEVICE[key] = (target, copy.deepcopy(target).to(dev))  # (the original keeps its id alive)
-    return _ON_DEVICE[key][1], (w.to(dev) if w is not None else None)
+        _ON_DEVICE[key] = copy.deepcopy(target).to(dev)
+    return _ON_DEVICE[key], (w.to(dev) if w is not None else None)
 
 
 def _weights_for(backend, w):

@@ -10,7 +10,6 @@ and an ``eagenerate`` loop in the reference's style (retrieve-row greedy verific
 
 from __future__ import annotations
 
-import copy
 import os
 from types import SimpleNamespace
 
@@ -25,7 +24,7 @@ from frontier.generation import generate, random_pair
 from frontier.registry import Backend, register_backend, unregister_backend
 
 from conftest import backend_device, runnable_backends
-from gen_support import _one_thread  # noqa: F401
+from gen_support import _one_thread, on_backend_device  # noqa: F401
 
 H, V_T, V_D = 64, 256, 128
 
@@ -174,8 +173,7 @@ def test_unpatched_model_cannot_draft(target):
 @pytest.mark.parametrize("backend", runnable_backends())
 def test_patched_eagenerate_is_lossless(target, backend):
     dev = backend_device(backend)
-    if dev.type != "cpu":  # (a copy: the module's target stays on the CPU)
-        target = copy.deepcopy(target).to(dev)
+    target, _ = on_backend_device(backend, target, None)  # (a copy off the CPU: the module's target stays)
     model = _model(target, seed=1).to(dev)
     patch_ea_model_with_triton_drafter(model, backend=backend)
     assert is_patched(model)
