@@ -8,9 +8,9 @@ checks for them and names what is missing.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
-
+import math
 import operator
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -20,6 +20,32 @@ Architecture = Literal["eagle3", "eagle2"]
 
 #: Layer-dimension fields that only weight-carrying backends need.
 LAYER_FIELDS = ("num_attention_heads", "intermediate_size")
+
+#: Upper bounds of the integer fields. The tree bounds keep every draft call finite and its
+#: buffers small (tree_mask is T x T; the candidate list K + D*K^2 entries); the vocabulary and
+#: layer bounds keep every index a kernel computes inside 32-bit signed integers.
+MAX_TOTAL_TOKEN = 4096
+MAX_DEPTH = 256
+MAX_TOP_K = 256
+MAX_CANDIDATES = 1 << 24
+MAX_VOCAB = (1 << 31) - 1
+MAX_WIDTH = 1 << 20  # hidden_size, feature_size, intermediate_size, head_dim
+MAX_HEADS = 4096
+MAX_LAYERS = 256
+_UPPER_BOUNDS = {
+    "total_token": MAX_TOTAL_TOKEN,
+    "depth": MAX_DEPTH,
+    "top_k": MAX_TOP_K,
+    "vocab_size": MAX_VOCAB,
+    "target_vocab_size": MAX_VOCAB,
+    "hidden_size": MAX_WIDTH,
+    "feature_size": MAX_WIDTH,
+    "intermediate_size": MAX_WIDTH,
+    "head_dim": MAX_WIDTH,
+    "num_attention_heads": MAX_HEADS,
+    "num_key_value_heads": MAX_HEADS,
+    "num_layers": MAX_LAYERS,
+}
 
 
 class FrontierConfig(BaseModel):
@@ -113,10 +139,14 @@ class FrontierConfig(BaseModel):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be positive, got {name}={value}")
-        if self.rope_theta <= 0:
-            problems.append(f"rope_theta must be positive, got rope_theta={self.rope_theta}")
-        if self.rms_norm_eps <= 0:
-            problems.append(f"rms_norm_eps must be positive, got rms_norm_eps={self.rms_norm_eps}")
+        for name, bound in _UPPER_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None and value > bound:
+                problems.append(f"{name} must be <= {bound}, got {name}={value}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be positive and finite, got {name}={value}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -152,6 +182,11 @@ class FrontierConfig(BaseModel):
 
         # Cross-field rules of the tree.
         max_nodes = self.top_k + self.depth * self.top_k**2
+        if max_nodes > MAX_CANDIDATES:
+            problems.append(
+                f"the candidate list top_k + depth * top_k**2 must hold at most {MAX_CANDIDATES} entries, got "
+                f"{max_nodes} (top_k={self.top_k}, depth={self.depth})"
+            )
         if self.total_token - 1 > max_nodes:
             problems.append(
                 f"total_token - 1 cannot exceed top_k + depth * top_k**2 (the candidate list length): "
@@ -195,8 +230,14 @@ class FrontierConfig(BaseModel):
                     f"rope_scaling type {kind!r} is not supported (supported: None, 'linear'), "
                     f"got rope_scaling={self.rope_scaling}"
                 )
-            elif not isinstance(factor, (int, float)) or factor <= 0:
-                problems.append(f"rope_scaling 'linear' needs a positive 'factor', got rope_scaling={self.rope_scaling}")
+            elif (
+                isinstance(factor, bool)
+                or not isinstance(factor, (int, float))
+                or not (math.isfinite(factor) and factor > 0)
+            ):
+                problems.append(
+                    f"rope_scaling 'linear' needs a finite positive 'factor', got rope_scaling={self.rope_scaling}"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self
