@@ -145,11 +145,19 @@ def expansion_parents(pick: torch.Tensor, depth_index: int, top_k: int) -> torch
     return pick + offset  # [K]
 
 
+def best_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest entries of each row of ``scores`` [..., N], best first, exactly equal
+    scores ranking the lower index first (the contract's tie rule, for a row's top-K children
+    and the per-depth K*K -> K prune). Returns (values [..., k], indices [..., k] int64)."""
+    top = torch.sort(scores, dim=-1, descending=True, stable=True)  # a stable sort keeps index order among ties
+    return top.values[..., :k], top.indices[..., :k]
+
+
 def chosen_candidates(cand_scores: torch.Tensor, total_token: int) -> torch.Tensor:
     """The final selection's rule (SPEC step 3): the T-1 best scores, equal scores ranking the
     lower candidate index first, as ascending candidate indices [T-1]."""
-    order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices  # [C]
-    return torch.sort(order[: total_token - 1]).values  # [T-1]
+    order = best_k(cand_scores, total_token - 1)[1]  # [T-1]
+    return torch.sort(order).values  # [T-1]
 
 
 def select_nodes(
@@ -214,4 +222,4 @@ def frontier_from_candidates(
     )
 
 
-__all__ += ["expansion_parents", "chosen_candidates", "select_nodes", "frontier_from_candidates"]
+__all__ += ["best_k", "expansion_parents", "chosen_candidates", "select_nodes", "frontier_from_candidates"]

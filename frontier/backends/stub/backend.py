@@ -17,7 +17,7 @@ import torch
 
 from ...registry import Backend
 from ...result import Frontier
-from ...tree import expansion_parents, frontier_from_candidates
+from ...tree import best_k, expansion_parents, frontier_from_candidates
 
 _MASK32 = 0xFFFFFFFF
 
@@ -55,7 +55,8 @@ class StubBackend(Backend):
             root = request.input_ids[0, -1:].long()  # [1]
         else:
             root = torch.zeros(1, dtype=torch.long, device=device)  # [1]
-        seed = int(request.seed) + 1000003 * request.features.shape[1]
+        # 32 bits of (seed, n): any int seed and any row count keep the hash inside int64
+        seed = (int(request.seed) + 1000003 * request.features.shape[1]) & _MASK32
         cols = torch.arange(k, device=device)  # [K]
         tail = math.log(max(cfg.vocab_size - k, 1))  # log-mass of the rest of the vocabulary
 
@@ -83,8 +84,7 @@ class StubBackend(Backend):
             cs = scores[:, None] + lp  # [K, K] cumulative scores
             cand_scores.append(cs.reshape(-1))
             cand_tokens.append(tok.reshape(-1))
-            top = torch.topk(cs.reshape(-1), k)
-            pick, scores = top.indices, top.values  # [K]
+            scores, pick = best_k(cs.reshape(-1), k)  # [K] each
 
         return frontier_from_candidates(
             torch.cat(cand_scores), torch.cat(cand_tokens), torch.cat(row_parents), root, total_token=t, top_k=k,

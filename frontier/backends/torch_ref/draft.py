@@ -21,7 +21,7 @@ from ...cache import DraftCache
 from ...config import FrontierConfig
 from ...parity import CandidateTrace
 from ...result import Frontier
-from ...tree import expansion_parents, frontier_from_candidates
+from ...tree import best_k, expansion_parents, frontier_from_candidates
 from ...weights import DraftWeights
 from .layer import causal_mask, draft_forward, log_probs, to_target_ids, tree_attention_mask
 
@@ -66,17 +66,17 @@ def root_children(cfg: FrontierConfig, w: DraftWeights, h_last: torch.Tensor, ca
     """Top-K of the root: the first K candidates and the depth-0 frontier."""
     k = cfg.top_k
     p0 = log_probs(cfg, w, h_last[None])[0]  # [V]
-    top = torch.topk(p0, k, dim=-1)
-    tokens = to_target_ids(cfg, w, top.indices)  # [K]
+    top_lp, top_idx = best_k(p0, k)  # [K] each; exact ties go to the lower draft index
+    tokens = to_target_ids(cfg, w, top_idx)  # [K]
     if cand.log_probs is not None:
         cand.log_probs.append(p0)
-    cand.scores.append(top.values)
+    cand.scores.append(top_lp)
     cand.tokens.append(tokens)
     cand.row_parents.append(torch.zeros(1, dtype=torch.long, device=h_last.device))
     return FrontierRows(
         tokens=tokens,
         hidden=h_last[None].expand(k, -1),  # [K, H] every root child carries h_last
-        scores=top.values,  # [K]
+        scores=top_lp,  # [K]
         pick=torch.arange(k, device=h_last.device),  # [K]
         ancestors=torch.zeros(k, 0, dtype=torch.bool, device=h_last.device),  # [K, 0]
     )
@@ -109,21 +109,21 @@ def expand_depth(
 
     cand.row_parents.append(expansion_parents(rows.pick, i, k))  # [K]
     lp = log_probs(cfg, w, out.hidden)  # [K, V]
-    top = torch.topk(lp, k, dim=-1)  # children of each row: [K, K]
+    child_lp, child_idx = best_k(lp, k)  # children of each row: [K, K]
     if cand.log_probs is not None:
         cand.log_probs.append(lp)
-    cu_scores = top.values + rows.scores[:, None]  # [K, K] cs[r, j] = score[r] + lp[r, j]
-    child_tokens = to_target_ids(cfg, w, top.indices)  # [K, K]
+    cu_scores = child_lp + rows.scores[:, None]  # [K, K] cs[r, j] = score[r] + lp[r, j]
+    child_tokens = to_target_ids(cfg, w, child_idx)  # [K, K]
     cand.scores.append(cu_scores.reshape(-1))
     cand.tokens.append(child_tokens.reshape(-1))
 
-    best = torch.topk(cu_scores.reshape(-1), k, dim=-1)  # next frontier among the K*K pairs
-    parent_row = best.indices // k  # [K]
+    best_scores, best_pick = best_k(cu_scores.reshape(-1), k)  # next frontier among the K*K pairs
+    parent_row = best_pick // k  # [K]
     return FrontierRows(
-        tokens=child_tokens.reshape(-1)[best.indices],  # [K]
+        tokens=child_tokens.reshape(-1)[best_pick],  # [K]
         hidden=out.hidden[parent_row],  # [K, H] the parent's output row
-        scores=best.values,  # [K]
-        pick=best.indices,  # [K]
+        scores=best_scores,  # [K]
+        pick=best_pick,  # [K]
         ancestors=ancestors[parent_row],  # [K, K*(i+1)]
     )
 
