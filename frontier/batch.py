@@ -22,6 +22,7 @@ import torch
 from .cache import DEFAULT_MAX_LENGTH, DraftCache, default_max_length
 from .config import FrontierConfig
 from .errors import CacheError, FrontierError, InputError
+from .request import resolve_backend, resolve_weights, run_requests, validate_request
 from .result import Frontier
 from .weights import DraftWeights
 
@@ -82,8 +83,6 @@ def frontier_generate_batch(
     With ``caches=None`` a fresh :class:`BatchDraftCache` is allocated for weight-carrying
     backends; each returned Frontier's ``cache`` is its sequence's slot.
     """
-    from .api import resolve_backend, resolve_weights, validate_request
-
     if not isinstance(cfg, FrontierConfig):
         raise InputError(f"cfg must be a FrontierConfig, got {type(cfg).__name__}")
     if not isinstance(features, (list, tuple)) or not features:
@@ -97,8 +96,6 @@ def frontier_generate_batch(
     dtypes = {f.dtype for f in features if isinstance(f, torch.Tensor)}
     if len(dtypes) > 1:
         raise InputError(f"all sequences' features must share one dtype, got {sorted(map(str, dtypes))}")
-    if cache_max_length is not None and (not isinstance(cache_max_length, int) or cache_max_length < 1):
-        raise InputError(f"cache_max_length must be a positive int, got {cache_max_length!r}")
     backend, impl = resolve_backend(backend, fallback)
     weights = resolve_weights(weights, ea_layer, lm_head)
 
@@ -146,19 +143,7 @@ def frontier_generate_batch(
         for r, slot in zip(requests, cache_list):
             r.cache = slot
 
-    before = [None if c is None else c.length for c in cache_list]
-    try:
-        with torch.no_grad():
-            run_batch = getattr(impl, "generate_batch", None)
-            results = run_batch(requests) if run_batch is not None else [impl.generate(r) for r in requests]
-    except BaseException:
-        for c, length in zip(cache_list, before):
-            if c is not None and c.length != length:
-                c.length = length  # roll back: rows past the old length are scratch
-        raise
-    if len(results) != batch or not all(isinstance(r, Frontier) for r in results):
-        raise FrontierError(f"backend {backend!r} must return one Frontier per sequence ({batch})")
-    return list(results)
+    return run_requests(impl, backend, requests)
 
 
 __all__ = ["BatchDraftCache", "frontier_generate_batch"]

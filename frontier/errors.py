@@ -42,6 +42,10 @@ class InvariantError(FrontierError, AssertionError):
     """A :class:`~frontier.Frontier` breaks one of SPEC.md's invariants."""
 
 
+class NonFiniteError(FrontierError, ArithmeticError):
+    """The draft turned finite inputs into NaN/Inf (e.g. an fp16 head overflowing); nothing was committed."""
+
+
 class KernelError(FrontierError, RuntimeError):
     """A device kernel reported a failure (e.g. a grid barrier timed out)."""
 
@@ -56,5 +60,6 @@ __all__ = [
     "WeightsError",
     "CacheError",
     "InvariantError",
+    "NonFiniteError",
     "KernelError",
 ]

@@ -40,15 +40,18 @@ deterministic draft this leaves the output distribution exactly the target's.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from .api import frontier_generate
+from .request import check_options
 from .config import FrontierConfig
-from .errors import FrontierError, InputError
+from .errors import FrontierError, InputError, NonFiniteError
 from .registry import get_backend
 from .weights import DraftWeights
 
@@ -315,13 +318,31 @@ class SamplingParams:
         return self.temperature <= 1e-5
 
     def check(self) -> "SamplingParams":
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise InputError(f"temperature must be a number >= 0 (0 = greedy), got temperature={self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p must lie in (0, 1] (1 = off), got top_p={self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InputError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got temperature={self.temperature!r}"
+            )
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must be a number in (0, 1] (1 = off), got top_p={self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise InputError(f"top_k must be an int >= 0 (0 = off), got top_k={self.top_k!r}")
         return self
+
+    @classmethod
+    def of(cls, temperature: Any, top_p: Any, top_k: Any) -> "SamplingParams":
+        """Checked parameters from a caller's values (ints and floats; never strings or bools)."""
+        params = cls(temperature, top_p, top_k).check()
+        return cls(float(params.temperature), float(params.top_p), int(params.top_k))
+
+
+def _is_real(x: Any) -> bool:
+    """A real number: an int or a float (numpy's too), never a bool or a string."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_int(x: Any) -> bool:
+    """An integer (numpy's too), never a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -735,18 +756,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _raise_if_invalid(flags: list[int], step: int) -> None:
+    """Raise when a draft call of the loop flagged its inputs (``Frontier.invalid``): the target's
+    features were non-finite (an fp16 overflow) or the draft overflowed."""
+    bad = [b for b, f in enumerate(flags) if f]
+    if bad:
+        which = "" if len(flags) == 1 else f" (sequence(s) {bad} of the active batch)"
+        raise NonFiniteError(
+            f"draft call {step}{which}: the target's features or the draft head's outputs were non-finite "
+            "(NaN/Inf, e.g. an fp16 overflow); generation stopped"
+        )
+
+
 def _as_id_set(x: Any, name: str) -> set[int]:
+    """Token ids as a set of ints: None, an int, or an iterable (a tensor too) of ints >= 0."""
     if x is None:
         return set()
     if isinstance(x, torch.Tensor):
+        if x.is_floating_point() or x.dtype == torch.bool:
+            raise InputError(f"{name} must hold integer token ids, got a {x.dtype} tensor")
         x = x.flatten().tolist()
-    if isinstance(x, int):
-        return {int(x)}
-    try:
-        out = {int(v) for v in x}
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a token id or a list of token ids, got {x!r}") from None
-    return out
+    items = list(x) if hasattr(x, "__iter__") and not isinstance(x, (str, bytes)) else [x]
+    for v in items:
+        if not _is_int(v) or v < 0:
+            raise InputError(f"{name} must be a token id or a list of token ids (ints >= 0), got {x!r}")
+    return {int(v) for v in items}
 
 
 # what the generation loop passes to every draft call itself (cfg and features_concat positionally)
@@ -810,6 +844,7 @@ class SpeculativeGenerator:
             weights = None  # weight-free backends (the stub) take none
         self.cfg, self.weights, self.backend, self.padded = cfg, weights, backend, bool(padded)
         self.draft_options = _check_draft_options(draft_options)
+        check_options(impl, backend, self.draft_options)  # a misspelled option fails here, not mid-generation
         self.runner = _TargetRunner(target, cfg.architecture)
         r = self.runner
         if cfg.feature_size != r.feature_size:
@@ -989,7 +1024,7 @@ class SpeculativeGenerator:
                     "(max_length counts the prompt plus the new tokens)"
                 )
             budget = min(budget, max_length - p_len)
-        params = SamplingParams(float(temperature), float(top_p), int(top_k)).check()
+        params = SamplingParams.of(temperature, top_p, top_k)
         if eos_token_id == "default":
             gc = getattr(self.runner.target, "generation_config", None)
             eos_token_id = getattr(gc, "eos_token_id", None)
@@ -1072,9 +1107,11 @@ class SpeculativeGenerator:
                     probs = warp_logits(logits, params).softmax(dim=-1)  # [T, V]
                     best, path, nxt = sampling_accept(probs, tokens[0], tmask, tpos, width, generator)
                 padded_tokens = torch.cat([tokens[0], tokens.new_full((1,), -1)])  # [T + 1], T -> -1
-                small = torch.cat([tpos[best][None], nxt[None], padded_tokens[path]])  # [2 + width]
+                invalid = fr.invalid.to(device=device, dtype=torch.long).reshape(1)  # [1] the draft's device-side check
+                small = torch.cat([invalid, tpos[best][None], nxt[None], padded_tokens[path]])  # [3 + width]
                 vals = small.tolist()  # the one host read of the step
-                acc, next_tok, path_tokens = vals[0], vals[1], vals[2:]
+                _raise_if_invalid(vals[:1], stats.draft_calls)
+                acc, next_tok, path_tokens = vals[1], vals[2], vals[3:]
                 t2 = time.perf_counter()
                 stats.time_verify += t2 - t1
                 stats.accepted_lengths.append(acc + 1)
@@ -1152,7 +1189,7 @@ class SpeculativeGenerator:
                         "tokens (max_length counts the prompt plus the new tokens)"
                     )
                 budgets[b] = min(budgets[b], max_length - p_len)
-        params = SamplingParams(float(temperature), float(top_p), int(top_k)).check()
+        params = SamplingParams.of(temperature, top_p, top_k)
         if eos_token_id == "default":
             gc = getattr(self.runner.target, "generation_config", None)
             eos_token_id = getattr(gc, "eos_token_id", None)
@@ -1280,10 +1317,13 @@ class SpeculativeGenerator:
                         nxt_list.append(n_i)
                     best, path_all, nxt_all = torch.stack(bests), torch.stack(path_list), torch.stack(nxt_list)
                 padded_tokens = torch.cat([tokens, tokens.new_full((n_act, 1), -1)], dim=1)  # [A, T + 1], T -> -1
+                invalid = torch.stack([fr.invalid.to(device=device, dtype=torch.long) for fr in frs])[:, None]  # [A, 1]
                 small = torch.cat(
-                    [tpos.gather(1, best[:, None]), nxt_all[:, None], padded_tokens.gather(1, path_all)], dim=1
-                )  # [A, 2 + width]
+                    [invalid, tpos.gather(1, best[:, None]), nxt_all[:, None], padded_tokens.gather(1, path_all)], dim=1
+                )  # [A, 3 + width]
                 vals = small.tolist()  # the one host read of the step, for all sequences
+                _raise_if_invalid([v[0] for v in vals], bstats.draft_calls)
+                vals = [v[1:] for v in vals]
                 t2 = time.perf_counter()
                 bstats.time_verify += t2 - t1
 

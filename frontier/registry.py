@@ -36,6 +36,9 @@ class Backend:
     requires_weights: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    #: Names of the backend's own call options (``frontier_generate(..., name=value)``); any
+    #: other name is refused as a typo. ``None`` accepts every name unchecked.
+    options: Optional[tuple[str, ...]] = ()
     description: str = ""
 
     def availability(self) -> tuple[bool, str]:
@@ -149,7 +152,7 @@ def get_backend(name: str) -> Backend:
         try:
             obj = _resolve(entry.target)
             instance = obj() if isinstance(obj, type) else obj
-        except Exception as exc:  # a broken plugin must not break the registry
+        except (Exception, SystemExit) as exc:  # a broken plugin must not break the registry (or exit)
             raise BackendUnavailableError(
                 f"backend {name!r} ({_describe(entry.target)}, from {entry.source}) failed to load: "
                 f"{type(exc).__name__}: {exc}"
@@ -178,7 +181,7 @@ def backend_report() -> list[dict[str, Any]]:
             ok, why = backend.availability()
             needs = "weights" if getattr(backend, "requires_weights", False) else "no weights"
             devices = ",".join(getattr(backend, "devices", ()))
-        except Exception as exc:  # report, don't raise
+        except (Exception, SystemExit) as exc:  # report, don't raise
             ok, why, needs, devices = False, str(exc), "?", "?"
         rows.append({"name": name, "available": ok, "why": why, "source": source, "needs": needs, "devices": devices})
     return rows

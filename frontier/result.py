@@ -25,6 +25,11 @@ class Frontier:
     scores: [T] float32 cumulative log-prob of each node (root 0), when the backend knows them.
     parents: [T] int64 parent position of each node (root -> 0), when the backend provides it.
     leaf_count: [] int64 device tensor, number of real rows of retrieve_indices.
+    invalid: [] bool device tensor, True when the call's inputs or outputs were invalid
+        (non-finite values, token ids outside the vocabulary) under the device-side checks
+        (``check_finite=False`` / ``check_token_range=False``): the tree is then meaningless
+        and this call's new cache rows kept their previous contents. Always False after the
+        host-side checks, which raise instead.
     """
 
     draft_tokens: torch.Tensor
@@ -37,6 +42,7 @@ class Frontier:
     leaf_count: Optional[torch.Tensor] = None
     padded: bool = False
     info: dict = field(default_factory=dict)
+    invalid: Optional[torch.Tensor] = None
 
     @property
     def total_token(self) -> int:

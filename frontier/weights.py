@@ -17,7 +17,7 @@ lm_head is passed separately (``lm_head=``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
@@ -85,6 +85,9 @@ class DraftWeights:
     hidden_norm: Optional[torch.Tensor] = None  # [H] (eagle3)
     norm: Optional[torch.Tensor] = None  # [H] final norm before lm_head (eagle3)
     d2t: Optional[torch.Tensor] = None  # [V] int64 offsets: target = draft + d2t[draft]
+    # (target vocabulary, identity and version of every tensor) when their values last passed
+    # check_values; an in-place write bumps a tensor's version and so forces a new check
+    _values_ok: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     # --------------------------------------------------------------------------------------
     @property
@@ -210,6 +213,34 @@ class DraftWeights:
                 f"{where}: missing tensor 'd2t' (expected shape [{v}]): vocab_size={v} < target_vocab_size={vt} "
                 "needs the draft->target offsets"
             )
+        return self.check_values(vt, where=where)
+
+    def check_values(self, target_vocab_size: int, *, where: str = "weights") -> "DraftWeights":
+        """Every floating tensor finite, and every draft id mapped by ``d2t`` into
+        ``[0, target_vocab_size)``; raise :class:`WeightsError` naming the tensor.
+
+        The check reads the values (one host read); it is skipped while no tensor was replaced
+        or written in place since it last passed for this target vocabulary."""
+        have = list(self.tensors())
+        stamp = (target_vocab_size,) + tuple((id(t), t._version) for _, t in have)
+        if self._values_ok == stamp:
+            return self
+        floats = [(key, t) for key, t in have if t.is_floating_point()]
+        flags = [torch.isfinite(t).all() for _, t in floats]
+        if self.d2t is not None:
+            target = self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)  # [V] target ids
+            flags.append(((target >= 0) & (target < target_vocab_size)).all())
+        ok = torch.stack(flags).tolist()
+        for (key, _), good in zip(floats, ok):
+            if not good:
+                raise WeightsError(f"{where}: tensor {key!r} holds non-finite values (NaN or +-Inf)")
+        if self.d2t is not None and not ok[-1]:
+            bad = int((~((target >= 0) & (target < target_vocab_size))).nonzero()[0])
+            raise WeightsError(
+                f"{where}: tensor 'd2t' maps draft id {bad} to target id {int(target[bad])}, outside the target "
+                f"vocabulary [0, target_vocab_size={target_vocab_size})"
+            )
+        self._values_ok = stamp
         return self
 
     # --------------------------------------------------------------------------------------

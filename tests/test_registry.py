@@ -250,6 +250,8 @@ def test_fresh_interpreter_discovers_plugin_lazily(plugins):
 class Recorder(Backend):
     """Delegates to the stub and remembers the request it got."""
 
+    options = ("some_option",)
+
     def __init__(self):
         self.requests = []
 

@@ -14,6 +14,7 @@ class TorchRefBackend(Backend):
     requires_weights = True
     devices = ("cpu", "cuda")
     dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    options = ("trace",)  # trace=True: the candidate list and every top-K's log-probs in Frontier.info
     description = "exact PyTorch mirror of the EAGLE-3/EAGLE-2 draft layer (the yardstick)"
 
     def generate(self, request) -> Frontier:

@@ -26,6 +26,9 @@ def _triton_importable() -> tuple[bool, str]:
 class TritonBackend(Backend):
     name = "triton"
     requires_weights = True
+    # mode: how the phases launch; pack_weights: stream packed weight copies; pack: who packs
+    # the tree ("kernel" or "torch"); trace: the candidate list in Frontier.info
+    options = ("mode", "pack_weights", "pack", "trace")
     description = "fused persistent Triton drafter (GPU; CPU under TRITON_INTERPRET=1)"
 
     def __init__(self) -> None:
@@ -103,6 +106,8 @@ class TritonBackend(Backend):
         pack = request.options.get("pack_weights", True)
         if not isinstance(pack, bool):
             raise InputError(f"option pack_weights must be True or False, got {pack!r}")
+        if request.options.get("pack", "kernel") not in ("kernel", "torch"):
+            raise InputError(f"option pack must be 'kernel' or 'torch', got {request.options['pack']!r}")
         return mode, pack
 
     def generate_batch(self, requests) -> list[Frontier]:
