@@ -45,6 +45,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -85,6 +86,65 @@ for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 _HEAD_ARCH_NAMES = {"eagle3": "LlamaForCausalLMEagle3", "eagle2": "LlamaForCausalLM"}
+
+
+#: Largest config.json / index json read (a real one is a few kB; an index of a 400B model ~100 kB).
+MAX_JSON_BYTES = 16 << 20
+
+
+def _read_json_file(path: Path, what: str) -> Any:
+    """Parse a small JSON file, refusing what is not a regular file of at most
+    :data:`MAX_JSON_BYTES` (a symlink to /dev/zero, a device, a fifo) with a message naming it;
+    FileNotFoundError only when nothing, not even a symlink, is there."""
+    try:
+        st = path.stat()  # follows symlinks
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise WeightsError(f"{what} {str(path)!r} is a symlink to {os.readlink(path)!r}, which does not exist") from None
+        raise
+    except OSError as exc:  # a symlink loop (ELOOP), no permission, ...
+        raise WeightsError(f"{what} {str(path)!r} cannot be opened: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WeightsError(f"{what} {str(path)!r} is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise WeightsError(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise WeightsError(f"{what} {str(path)!r} is larger than {MAX_JSON_BYTES} bytes; that is no config file")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep to parse
+        raise WeightsError(f"{what} {str(path)!r} is not valid JSON: {type(exc).__name__}: {exc}") from None
+
+
+def _shard_name(name: Any, index: Path, role: str) -> str:
+    """A shard file name from an index's weight_map: a relative path that stays inside the
+    checkpoint directory (no absolute path, no '..')."""
+    if not isinstance(name, str) or not name:
+        raise WeightsError(f"{role} index {str(index)!r} maps a tensor to {name!r}; shard names are file names")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or name.startswith(("/", "\\")) or "\\" in name or ":" in name:
+        raise WeightsError(
+            f"{role} index {str(index)!r} names shard {name!r}, which is not a relative path inside the checkpoint "
+            "directory"
+        )
+    return name
+
+
+def _describe_missing(p: Path) -> str:
+    """Why a listed file cannot be used: missing, a dangling symlink, a symlink loop, not a file."""
+    if p.is_symlink():
+        try:
+            p.stat()
+        except FileNotFoundError:
+            return f"{p.name} (a symlink to {os.readlink(p)!r}, which does not exist)"
+        except OSError as exc:
+            return f"{p.name} (a symlink that cannot be followed: {exc.strerror or exc})"
+    if p.exists() and not p.is_file():
+        return f"{p.name} (not a regular file)"
+    return p.name
 
 
 def _safetensors() -> Any:
@@ -136,6 +196,9 @@ class CheckpointFiles:
         self.role = role
         self.directory = Path(directory)
         if not self.directory.exists():
+            if self.directory.is_symlink():
+                raise WeightsError(f"{role} directory {str(self.directory)!r} cannot be opened: "
+                                   f"{_describe_missing(self.directory)}")
             raise WeightsError(f"{role} directory {str(self.directory)!r} does not exist")
         if not self.directory.is_dir():
             raise WeightsError(f"{role} path {str(self.directory)!r} is not a directory (pass the checkpoint directory)")
@@ -158,20 +221,26 @@ class CheckpointFiles:
                 return kind, None, None, [self.directory / single]
             idx = self.directory / index
             if idx.is_file():
-                try:
-                    data = json.loads(idx.read_text())
-                except (OSError, ValueError) as exc:
-                    raise WeightsError(f"{self.role} index {str(idx)!r} is not valid JSON: {exc}") from None
+                data = _read_json_file(idx, f"{self.role} index")
                 wmap = data.get("weight_map") if isinstance(data, dict) else None
                 if not isinstance(wmap, dict) or not wmap:
                     raise WeightsError(f"{self.role} index {str(idx)!r} has no 'weight_map' object mapping keys to shard files")
-                shards = sorted({str(v) for v in wmap.values()})
-                missing = [s for s in shards if not (self.directory / s).is_file()]
+                wmap = {str(k): _shard_name(v, idx, self.role) for k, v in wmap.items()}
+                shards = sorted(set(wmap.values()))
+                missing = [_describe_missing(self.directory / s) for s in shards if not (self.directory / s).is_file()]
                 if missing:
                     raise WeightsError(
                         f"{self.role} index {str(idx)!r} names shard file(s) that are not in {str(self.directory)!r}: {missing}"
                     )
-                return kind, idx, {str(k): str(v) for k, v in wmap.items()}, [self.directory / s for s in shards]
+                return kind, idx, wmap, [self.directory / s for s in shards]
+        broken = [
+            _describe_missing(self.directory / name)
+            for _, single, index in LAYOUTS
+            for name in (single, index)
+            if (self.directory / name).is_symlink() or ((self.directory / name).exists() and not (self.directory / name).is_file())
+        ]
+        if broken:
+            raise WeightsError(f"{self.role} weights in {str(self.directory)!r} cannot be opened: {broken}")
         present = sorted(p.name for p in self.directory.iterdir())[:20]
         wanted = ", ".join(name for _, single, index in LAYOUTS for name in (single, index))
         raise WeightsError(
@@ -278,11 +347,9 @@ class CheckpointFiles:
 
 def _read_json(path: Path, role: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = _read_json_file(path, f"{role} config")
     except FileNotFoundError:
         raise WeightsError(f"{role} config {str(path)!r} not found (a head directory holds config.json + weights)") from None
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"{role} config {str(path)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise WeightsError(f"{role} config {str(path)!r} must hold a JSON object, got {type(data).__name__}")
     return data
@@ -793,8 +860,8 @@ def _target_config(directory: Path) -> dict:
     if not p.is_file():
         return {}
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
+        data = _read_json_file(p, "target config")
+    except WeightsError:
         return {}
     return data if isinstance(data, dict) else {}
 
