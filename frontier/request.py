@@ -286,8 +286,6 @@ def validate_request(
             cache.check_room(n)
     elif weights is not None:
         raise InputError(f"backend {backend_name!r} takes no weights; drop weights=/ea_layer=")
-    elif cache is not None:
-        raise InputError(f"backend {backend_name!r} keeps no draft cache; drop cache=")
 
     # Values, where they feed the draft layer: the host checks share one host read, the device
     # checks set the request's flag.
@@ -408,7 +406,7 @@ def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int)
         fail(f"padded retrieve_indices must be [{t}, {depth + 2}], got {list(ri.shape)}")
     if not r.padded and not (1 <= ri.shape[0] <= t and 1 <= ri.shape[1] <= depth + 2):
         fail(f"retrieve_indices must be [leaves <= {t}, columns <= {depth + 2}], got {list(ri.shape)}")
-    if r.cache is not None:  # the caller's cache: the backend appended the n new rows to it
+    if r.cache is not None and r.weights is not None:  # the backend appended the n new rows to the caller's cache
         cache = fr.cache
         if not isinstance(cache, DraftCache):
             fail(f"cache is {type(cache).__name__}, expected the DraftCache the call appended to")

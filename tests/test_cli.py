@@ -104,7 +104,8 @@ def test_demo_default_backend_runs(capsys):
         (["demo", "--backend", "nope"], r"frontier demo: error: unknown backend 'nope'; registered backends: stub"),
         (["demo", "--backend", "stub", "--total-token", "1000"], r"frontier demo: error: invalid FrontierConfig: "
                                                                  r"total_token - 1 cannot exceed .*total_token=1000"),
-        (["demo", "--backend", "stub", "--top-k", "0"], r"top_k must be positive, got top_k=0"),
+        (["demo", "--backend", "stub", "--top-k", "0"], r"frontier demo: error: argument --top-k: must be a positive "
+                                                          r"integer, got '0'"),
     ],
 )
 def test_demo_errors_are_one_clear_line(capsys, argv, pattern):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .argtypes import positive_int
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from ..bench import PRESETS
@@ -23,11 +25,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "per call and also reports ms per sequence and the ratio to the batch-1 call")
     p.add_argument("--ragged", action="store_true",
                    help="batch > 1: spread the sequences' contexts over --context +/- 25%% (times the ragged path)")
-    p.add_argument("--reps", type=int, default=50,
+    p.add_argument("--reps", type=positive_int, default=50,
                    help="timed calls per backend (torch_ref runs a fifth at batch 1, and reps/(5B), at least 3, "
                    "at batch B)")
-    p.add_argument("--context", type=int, default=512, help="context length L (default 512)")
-    p.add_argument("--new-rows", type=int, default=4, help="new context rows per call (default 4)")
+    p.add_argument("--context", type=positive_int, default=512, help="context length L (default 512)")
+    p.add_argument("--new-rows", type=positive_int, default=4, help="new context rows per call (default 4)")
     p.add_argument("--graph", action="store_true",
                    help="also time triton's mode='graph' (its step launches replayed as a CUDA graph)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
@@ -63,7 +65,9 @@ def run(args) -> int:
     try:
         depths = [int(x) for x in args.depth.split(",") if x]
     except ValueError:
-        raise InputError(f"--depth takes comma-separated integers, got {args.depth!r}") from None
+        depths = []
+    if not depths or any(d < 1 for d in depths):
+        raise InputError(f"--depth takes comma-separated positive integers (e.g. 5,7), got {args.depth!r}")
     batches = parse_batches(args.batch)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     head, presets = None, args.preset or list(PRESETS)

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from .argtypes import nonnegative_int, positive_int
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="draft a tree on CPU with a small random EAGLE-3 head (no downloads) and draw it")
@@ -14,11 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="backend to draft with (default: torch_ref with a random head, or stub when torch_ref cannot run here)",
     )
-    p.add_argument("--total-token", type=int, default=24)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--context", type=int, default=16, help="context length L")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--total-token", type=positive_int, default=24, help="tree size T incl. the root (default 24)")
+    p.add_argument("--depth", type=positive_int, default=4, help="tree depth D (default 4)")
+    p.add_argument("--top-k", type=positive_int, default=4, help="tree branching K (default 4)")
+    p.add_argument("--context", type=positive_int, default=16, help="context length L")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--head", default=None, help="local EAGLE head directory instead of a random head")
     p.add_argument(
         "--target",

@@ -13,6 +13,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+from .argtypes import device as device_arg
+from .argtypes import nonnegative_float, nonnegative_int, positive_int, probability
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -31,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     src.add_argument(
         "--random", default=None, metavar="PRESET", help="random target + head of a preset size: tiny, small, large"
     )
-    src.add_argument("--seed", type=int, default=0, help="seed for random models and for sampling")
+    src.add_argument("--seed", type=nonnegative_int, default=0, help="seed for random models and for sampling")
     inp = p.add_argument_group("input")
     inp.add_argument(
         "--prompt", default=None, action="append",
@@ -41,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--input-ids", default=None, help="comma-separated prompt token ids; several prompts separated by ';' (a batch)"
     )
     inp.add_argument(
-        "--batch", type=int, default=None, metavar="N",
+        "--batch", type=positive_int, default=None, metavar="N",
         help="with --random-tiny/--random and no prompt: N random prompts of different lengths, generated as one batch",
     )
     inp.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
@@ -50,18 +54,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gen.add_argument("--draft-mode", choices=["persistent", "steps", "graph"], default=None,
                      help="triton backend: launch mode of the draft calls (default persistent on a GPU; graph replays "
                      "per-phase kernels as a CUDA graph, the faster mode measured)")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--max-length", type=int, default=None, help="stop when prompt + new tokens reach this")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless vs target.generate)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off); the tree's K is --tree-top-k")
-    gen.add_argument("--total-token", type=int, default=None, help="tree size T incl. the root (default 60; 16 random)")
-    gen.add_argument("--depth", type=int, default=None, help="tree depth D (default 5; 4 random)")
-    gen.add_argument("--tree-top-k", type=int, default=None, help="tree branching K (default 10; 4 random)")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128)
+    gen.add_argument("--max-length", type=positive_int, default=None, help="stop when prompt + new tokens reach this")
+    gen.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (lossless vs target.generate)")
+    gen.add_argument("--top-p", type=probability, default=1.0)
+    gen.add_argument("--top-k", type=nonnegative_int, default=0, help="sampling top-k (0 = off); the tree's K is --tree-top-k")
+    gen.add_argument("--total-token", type=positive_int, default=None, help="tree size T incl. the root (default 60; 16 random)")
+    gen.add_argument("--depth", type=positive_int, default=None, help="tree depth D (default 5; 4 random)")
+    gen.add_argument("--tree-top-k", type=positive_int, default=None, help="tree branching K (default 10; 4 random)")
     gen.add_argument("--no-eos", action="store_true", help="ignore EOS (always run to --max-new-tokens)")
     gen.add_argument("--stop-token-ids", default=None, help="comma-separated extra stop token ids")
     run_g = p.add_argument_group("runtime")
-    run_g.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    run_g.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
     run_g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on cpu, bf16 on cuda")
     run_g.add_argument("--compare", action="store_true", help="also run target.generate (greedy) and compare")
     run_g.add_argument("--warmup", action="store_true", help="run once untimed first (kernel compilation, caches)")
@@ -69,6 +73,22 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run_g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
     return p
+
+
+def _default(value, default):
+    """``value`` unless the flag was not given (None); 0 is a value, not "unset"."""
+    return default if value is None else value
+
+
+def _check_model_dir(path: str, flag: str, marker: str) -> None:
+    """A local checkpoint directory holding ``marker`` (InputError naming the flag otherwise)."""
+    from ..errors import InputError
+
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"{flag} {path!r} is not a directory (pass a local checkpoint directory)")
+    if not (p / marker).is_file():
+        raise InputError(f"{flag} {path!r} holds no {marker}: it is not a model checkpoint directory")
 
 
 def _ids(text: str, what: str) -> list[int]:
@@ -127,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = None
 
     if preset:
-        tree = dict(
-            total_token=args.total_token or 16, depth=args.depth or 4, top_k=args.tree_top_k or 4
-        )
+        tree = dict(total_token=_default(args.total_token, 16), depth=_default(args.depth, 4),
+                    top_k=_default(args.tree_top_k, 4))
         target, cfg, weights = random_pair(preset, seed=args.seed, dtype=dtype, device=device, **tree)
         source = f"random {preset} Llama target ({target.config.num_hidden_layers} layers, hidden {target.config.hidden_size}) + random EAGLE-3 head"
     else:
@@ -137,11 +156,14 @@ def run(args: argparse.Namespace) -> int:
 
         from ..loading import load_draft_head
 
+        _check_model_dir(args.target, "--target", "config.json")
+        _check_model_dir(args.head, "--head", "config.json")
         target = AutoModelForCausalLM.from_pretrained(
             args.target, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
         ).to(device).eval()
         head = load_draft_head(args.head, target=target, dtype=dtype, device=device)
-        cfg = head.config(total_token=args.total_token or 60, depth=args.depth or 5, top_k=args.tree_top_k or 10)
+        cfg = head.config(total_token=_default(args.total_token, 60), depth=_default(args.depth, 5),
+                          top_k=_default(args.tree_top_k, 10))
         weights = head.weights
         source = f"{args.target} + {args.head}"
         if args.prompt is not None:

@@ -3,13 +3,15 @@
 Reads config.json and the tensor headers only (plus d2t/t2d); the weights are not loaded, so
 inspecting a multi-GB head is instant and needs no target model. Exit status: 0 when the head
 would load (``load_draft_head(..., strict=True)``), 1 when it has problems (printed), 2 when it
-cannot be read at all.
+cannot be read at all or a flag is wrong.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+
+from .argtypes import nonnegative_int, positive_float
 
 
 def _override(text: str) -> tuple[str, object]:
@@ -18,8 +20,14 @@ def _override(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"expected KEY=JSON (e.g. rope_scaling=null), got {text!r}")
     try:
         return key, json.loads(value)
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"the JSON of {key!r} is nested too deeply") from None
     except ValueError:
         return key, value  # a bare string
+
+
+#: The short dtype names that generate and bench take, accepted here too.
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", help="head directory (config.json + model.safetensors / pytorch_model.bin, sharded or not)")
     p.add_argument("--target", default=None, help="target model checkpoint directory (checks the embedding/lm_head it would supply)")
-    p.add_argument("--bandwidth-tbs", type=float, default=4.27, help="GPU memory bandwidth in TB/s for the floor (default 4.27)")
+    p.add_argument("--bandwidth-tbs", type=positive_float, default=4.27, help="GPU memory bandwidth in TB/s for the floor (default 4.27)")
     p.add_argument("--dtype", default="bfloat16", help="dtype the bytes are counted in (default bfloat16; 'stored' = as on disk)")
-    p.add_argument("--depth", type=int, default=7, help="tree depth D for the floor (default 7)")
+    p.add_argument("--depth", type=nonnegative_int, default=7, help="tree depth D for the floor (default 7)")
     p.add_argument("--architecture", choices=("eagle3", "eagle2"), default=None, help="override detection from the keys")
     p.add_argument(
         "--override",
@@ -53,13 +61,12 @@ def run(args: argparse.Namespace) -> int:
 
     dtype = None
     if args.dtype != "stored":
-        dtype = getattr(torch, args.dtype, None)
+        dtype = getattr(torch, DTYPE_ALIASES.get(args.dtype, args.dtype), None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise InputError(f"--dtype must name a floating torch dtype (e.g. bfloat16, float16, float32) or 'stored', got {args.dtype!r}")
-    if args.bandwidth_tbs <= 0:
-        raise InputError(f"--bandwidth-tbs must be positive, got {args.bandwidth_tbs}")
-    if args.depth < 0:
-        raise InputError(f"--depth must be >= 0, got {args.depth}")
+            raise InputError(
+                f"--dtype must name a floating dtype (bf16, fp16, fp32, bfloat16, float16, float32) or 'stored', "
+                f"got {args.dtype!r}"
+            )
     d = describe_draft_head(
         args.path,
         target=args.target,
