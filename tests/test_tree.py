@@ -12,7 +12,17 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from frontier.tree import ancestor_mask, expansion_parents, pack_tree, parent_positions, select_nodes
+from frontier.tree import (
+    ancestor_mask,
+    best_k,
+    chosen_candidates,
+    expansion_parents,
+    frontier_from_candidates,
+    pack_tree,
+    parent_positions,
+    select_nodes,
+)
+from frontier.tree import _lexsort_rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,3 +278,145 @@ def test_select_nodes_matches_naive_dynamic_tree(k, depth):
         assert packed.tree_position_ids.tolist() == pos
         assert max(pos) <= depth + 1
         assert packed.retrieve_indices.tolist() == retrieve
+
+
+# ----------------------------------------------------------------------------------------------
+# The tie rule: exactly equal scores go to the lower index (SPEC "Ties")
+# ----------------------------------------------------------------------------------------------
+def naive_best_k(row: list[float], k: int) -> tuple[list[float], list[int]]:
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+    return [row[i] for i in order], order
+
+
+@pytest.mark.parametrize("n", [17, 40, 300])
+def test_best_k_breaks_exact_ties_toward_the_lower_index(n):
+    # Few distinct values, so most entries tie; beyond 16 entries torch's unstable sort
+    # really does reorder equal values on the CPU.
+    g = torch.Generator().manual_seed(n)
+    scores = torch.randint(0, 3, (4, n), generator=g).float() * -0.5
+    for k in (1, 5, n):
+        values, indices = best_k(scores, k)
+        assert values.shape == (4, k) and indices.shape == (4, k) and indices.dtype == torch.int64
+        for r in range(4):
+            want_values, want_indices = naive_best_k(scores[r].tolist(), k)
+            assert indices[r].tolist() == want_indices
+            assert values[r].tolist() == want_values
+
+
+def test_best_k_of_a_vector_and_all_equal_scores():
+    values, indices = best_k(torch.zeros(20), 6)
+    assert indices.tolist() == [0, 1, 2, 3, 4, 5] and values.tolist() == [0.0] * 6
+    values, indices = best_k(torch.tensor([-1.0, -3.0, -0.5, -2.0]), 2)
+    assert indices.tolist() == [2, 0] and values.tolist() == [-0.5, -1.0]
+
+
+def test_chosen_candidates_ties_go_to_the_lower_index():
+    scores = torch.tensor([-1.0] * 10 + [-0.5] + [-1.0] * 10)  # 21 candidates
+    assert chosen_candidates(scores, 6).tolist() == [0, 1, 2, 3, 10]
+    assert chosen_candidates(scores, 2).tolist() == [10]
+    assert chosen_candidates(torch.arange(30.0), 4).tolist() == [27, 28, 29]
+
+
+def test_select_nodes_keeps_a_parent_whose_child_ties_with_it():
+    """A child whose log-prob rounds to 0 ties its parent's score; the parent has the lower
+    index and must be chosen with it, so the child's parent position is found."""
+    k, depth = 3, 2  # 3 + 2 * 9 = 21 candidates
+    cand = torch.full((k + depth * k * k,), -9.0)
+    cand[:k] = torch.tensor([-1.0, -2.0, -3.0])
+    pick = torch.tensor([0, 1, 2])
+    row_parents = torch.cat([torch.zeros(1, dtype=torch.long), expansion_parents(torch.arange(k), 0, k),
+                             expansion_parents(pick, 1, k)])
+    cand[k : k + 3] = -1.0  # candidate 0's three children tie with it (indices 3, 4, 5)
+    cand[k + k * k] = -1.0  # the first depth-1 expansion (child of candidate 3) ties too
+    draft_tokens, parent_pos, node_scores = select_nodes(cand, torch.arange(cand.numel()) + 100, row_parents,
+                                                         torch.tensor([7]), 6, k)
+    assert draft_tokens.tolist() == [[7, 100, 103, 104, 105, 112]]
+    assert parent_pos.tolist() == [0, 1, 1, 1, 2]
+    assert node_scores.tolist() == [0.0, -1.0, -1.0, -1.0, -1.0, -1.0]
+
+
+# ----------------------------------------------------------------------------------------------
+# frontier_from_candidates: selection + packing as a Frontier
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sampling", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_frontier_from_candidates(sampling, padded):
+    k, depth, total_token = 2, 2, 6
+    # Candidates 0,1 (root's children); 2..5 children of 0 and 1; 6..9 children of the picks 2, 4.
+    cand = torch.tensor([-0.1, -0.2, -0.3, -5.0, -0.4, -6.0, -0.35, -7.0, -0.45, -8.0], dtype=torch.float64)
+    row_parents = torch.cat([torch.zeros(1, dtype=torch.long), expansion_parents(torch.arange(k), 0, k),
+                             expansion_parents(torch.tensor([0, 2]), 1, k)])
+    cache = object()
+    fr = frontier_from_candidates(cand, torch.arange(10) + 50, row_parents, torch.tensor([9]), total_token=total_token,
+                                  top_k=k, depth=depth, sampling=sampling, padded=padded, cache=cache)
+    # chosen, ascending: 0 (-0.1), 1 (-0.2), 2 (-0.3), 4 (-0.4), 6 (-0.35);
+    # tree 1<-0, 2<-0, 3<-1, 4<-2, 5<-3, leaves 4 and 5
+    assert fr.draft_tokens.tolist() == [[9, 50, 51, 52, 54, 56]]
+    assert fr.parents.tolist() == [0, 0, 0, 1, 2, 3]
+    assert fr.scores.dtype == torch.float32
+    assert fr.scores.tolist() == torch.tensor([0.0, -0.1, -0.2, -0.3, -0.4, -0.35]).tolist()
+    assert fr.cache is cache and fr.padded is padded
+    assert int(fr.leaf_count) == 2
+    assert fr.tree_position_ids.tolist() == [0, 1, 1, 2, 2, 3]
+    leaf_rows = [[0, 1, 3, 5], [0, 2, 4, -1]] if sampling else [[0, 2, 4, -1], [0, 1, 3, 5]]
+    if padded:
+        assert fr.retrieve_indices.shape == (total_token, depth + 2)
+        assert fr.retrieve_indices[:2].tolist() == leaf_rows and (fr.retrieve_indices[2:] == -1).all()
+    else:
+        assert fr.retrieve_indices.tolist() == leaf_rows
+    fr.check_invariants(total_token=total_token, depth=depth, top_k=k, sampling=sampling)
+
+
+def test_frontier_from_candidates_default_cache_is_none():
+    row_parents = torch.cat([torch.zeros(1, dtype=torch.long), expansion_parents(torch.arange(2), 0, 2)])
+    fr = frontier_from_candidates(torch.tensor([-1.0, -2.0, -1.5, -9.0, -9.0, -9.0]), torch.arange(6),
+                                  row_parents, torch.tensor([3]), total_token=3, top_k=2, depth=1,
+                                  sampling=False, padded=False)
+    assert fr.cache is None and fr.draft_tokens.tolist() == [[3, 0, 2]] and fr.parents.tolist() == [0, 0, 1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Device placement: every tensor is made on the input's device (checked on the "meta" device,
+# which computes shapes only, so the padded mode, which reads nothing back, runs on it)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sampling", [False, True])
+@pytest.mark.parametrize("max_depth", [3, 9])  # 9: wider than the tree (T = 6), padded with extra columns
+def test_padded_pack_tree_stays_on_the_input_device(sampling, max_depth):
+    parents = torch.tensor([0, 1, 0, 3, 1], device="meta")
+    packed = pack_tree(parents, sampling=sampling, padded=True, max_depth=max_depth)
+    for x in (packed.tree_mask, packed.tree_position_ids, packed.retrieve_indices, packed.leaf_count):
+        assert x.device.type == "meta"
+    assert packed.retrieve_indices.shape == (6, max_depth + 1) and packed.tree_mask.shape == (1, 1, 6, 6)
+    assert ancestor_mask(parents).device.type == "meta"
+
+
+def test_lexsort_rows_orders_any_integer_matrix():
+    rng = random.Random(5)
+    for rows, cols in ((1, 3), (6, 1), (12, 4), (40, 3)):
+        m = [[rng.randrange(3) for _ in range(cols)] for _ in range(rows)]
+        assert _lexsort_rows(torch.tensor(m)).tolist() == sorted(m)
+
+
+class RecordDevices(TorchFunctionMode):
+    """Records the device of every tensor a torch operation returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for x in out if isinstance(out, tuple) else (out,):
+            if isinstance(x, torch.Tensor):
+                self.devices.add(x.device.type)
+        return out
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_padded_pack_tree_makes_no_tensor_off_the_input_device(sampling):
+    """Not even an index tensor on the host (a host-to-device copy would break graph capture)."""
+    parents = torch.tensor([0, 1, 0, 3, 1, 1, 6], device="meta")
+    with RecordDevices() as rec:
+        pack_tree(parents, sampling=sampling, padded=True, max_depth=9)
+        ancestor_mask(parents, 3)
+    assert rec.devices == {"meta"}
