@@ -17,9 +17,10 @@ weight-free backend such as the stub never reads the features' values):
   host): the result's ``invalid`` flag (a device tensor) is set when the features or the outputs
   were non-finite, and the call's new cache rows keep their previous contents (the cache's
   length still advances: ``truncate`` it when the flag is set).
-* ``check_token_range=True`` (default; always on for CPU tensors): ids outside the target
-  vocabulary raise :class:`InputError`. With False the ids are clamped into the vocabulary on
-  the device and ``invalid`` is set, so no kernel ever indexes outside the embedding.
+* ``check_token_range=True`` (default): ids outside the target vocabulary raise
+  :class:`InputError` (sharing the host read above). With False the ids are clamped into the
+  vocabulary on the device and ``invalid`` is set, so no kernel ever indexes outside the
+  embedding.
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ def validate_request(
         else:
             invalid = ~torch.isfinite(features).all()
         vt = cfg.target_vocab_size
-        if check_range or input_ids.device.type == "cpu":
+        if check_range:
             host += list(torch.aminmax(input_ids))
         else:  # the ids index the embedding: clamp them on the device, and say so in the flag
             out = ((input_ids < 0) | (input_ids >= vt)).any()
@@ -336,10 +337,10 @@ def validate_request(
 def run_requests(impl: Any, backend: str, requests: Sequence[DraftRequest]) -> list[Frontier]:
     """Run validated requests on ``impl`` (its ``generate_batch`` when it has one and there are
     several) and return one checked Frontier each. Any failure - an exception, a malformed
-    result, non-finite values under ``check_finite`` - rolls every caller's cache back to its
-    length before the call; rows past a cache's length are scratch, so that restores it exactly."""
-    before = [(r.cache, r.cache.length) for r in requests if r.cache is not None]
-    saved = [_saved_rows(r) for r in requests]  # the rows a flagged call restores (check_finite=False)
+    result, non-finite values under ``check_finite`` - leaves every caller's cache bit for bit as
+    it was: its length, and the rows [c, c+n) the call may have written (saved before the call;
+    a few rows per call, the only copy this costs)."""
+    saved = [_Saved.of(r) for r in requests]
     try:
         with torch.no_grad():
             run_batch = getattr(impl, "generate_batch", None)
@@ -349,31 +350,44 @@ def run_requests(impl: Any, backend: str, requests: Sequence[DraftRequest]) -> l
                 results = [impl.generate(r) for r in requests]
             if not isinstance(results, (list, tuple)) or len(results) != len(requests):
                 raise InvariantError(f"backend {backend!r} must return one Frontier per sequence ({len(requests)})")
-            for r, fr in zip(requests, results):
-                _check_result(backend, r, fr, before_length=_length_before(r, before))
-            _finish_values(requests, results, saved, before)
+            for r, fr, s in zip(requests, results, saved):
+                _check_result(backend, r, fr, before_length=s.length)
+            _finish_values(requests, results, saved)
     except BaseException:
-        for cache, length in before:
-            if cache.length != length:
-                cache.length = length
+        for s in saved:
+            s.restore()
         raise
     return list(results)
 
 
-def _length_before(r: DraftRequest, before: list[tuple[DraftCache, int]]) -> int:
-    for cache, length in before:
-        if cache is r.cache:
-            return length
-    return 0
+@dataclass
+class _Saved:
+    """A caller's cache before the call: its length and its rows [c, c+n) (what the call may write)."""
 
+    cache: Optional[DraftCache]
+    length: int = 0
+    k: Optional[torch.Tensor] = None
+    v: Optional[torch.Tensor] = None
 
-def _saved_rows(r: DraftRequest) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """K/V rows [c, c+n) of the caller's cache before the call, where a call flagged on the
-    device must restore them."""
-    if r.cache is None or (r.check_finite and r.invalid is None):
-        return None
-    c, n = r.cache.length, r.num_new
-    return r.cache.k[:, :, c : c + n].clone(), r.cache.v[:, :, c : c + n].clone()
+    @classmethod
+    def of(cls, r: DraftRequest) -> "_Saved":
+        if r.cache is None:
+            return cls(None)
+        c, n = r.cache.length, r.num_new
+        return cls(r.cache, c, r.cache.k[:, :, c : c + n].clone(), r.cache.v[:, :, c : c + n].clone())
+
+    def restore(self) -> None:
+        if self.cache is not None:
+            self.cache.length = self.length
+            self.cache.k[:, :, self.length : self.length + self.k.shape[2]].copy_(self.k)
+            self.cache.v[:, :, self.length : self.length + self.v.shape[2]].copy_(self.v)
+
+    def rows_where(self, flag: torch.Tensor, cache: DraftCache, n: int) -> None:
+        """Rows [c, c+n) of ``cache`` back to their saved contents where ``flag`` (a [] bool
+        device tensor; no host read); a fresh cache (nothing saved) gets zeros, as it was made."""
+        for store, old in ((cache.k, self.k), (cache.v, self.v)):
+            new = store[:, :, self.length : self.length + n]
+            new.copy_(torch.where(flag, torch.zeros_like(new) if old is None else old, new))
 
 
 def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int) -> None:
@@ -416,11 +430,11 @@ def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int)
             fail(f"the cache holds {cache.length} rows after the call, expected {before_length} + n={r.num_new}")
 
 
-def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], saved: list, before: list) -> None:
+def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], saved: list[_Saved]) -> None:
     """Finite outputs, checked on the host (``check_finite``, default) or flagged on the device
     with the new cache rows restored; sets every result's ``invalid`` flag."""
     host = []
-    for r, fr, rows in zip(requests, results, saved):
+    for r, fr, s in zip(requests, results, saved):
         if r.weights is None:  # no draft layer ran on the features' values
             fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
             continue
@@ -434,10 +448,7 @@ def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier]
             fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
             continue
         if isinstance(fr.cache, DraftCache):
-            c, n = _length_before(r, before), r.num_new
-            for store, old in zip((fr.cache.k, fr.cache.v), rows or (None, None)):
-                new = store[:, :, c : c + n]
-                new.copy_(torch.where(bad, torch.zeros_like(new) if old is None else old, new))  # fresh cache: zeros
+            s.rows_where(bad, fr.cache, r.num_new)
         fr.invalid = bad
     flags = torch.stack(host).tolist() if host else []  # the one host read of check_finite
     if any(flags):
