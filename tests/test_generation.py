@@ -337,8 +337,9 @@ def test_bad_inputs(pair):
 
 
 def test_draft_options_reach_every_draft_call(pair, monkeypatch):
-    """``draft_options`` (e.g. the triton backend's ``mode``) go to every draft call, single and
-    batched, beside the loop's own arguments; bad ones are refused when the generator is made."""
+    """``draft_options`` (e.g. the triton backend's ``mode``, torch_ref's ``trace``) go to every draft
+    call, single and batched, beside the loop's own arguments; bad ones are refused when the
+    generator is made."""
     import frontier.generation as gmod
 
     target, cfg, w = pair
@@ -351,13 +352,15 @@ def test_draft_options_reach_every_draft_call(pair, monkeypatch):
 
     monkeypatch.setattr(gmod, "frontier_generate", recording)
     ids = _prompt(3, 6)
-    gen = SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"mode": "graph"})
+    gen = SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"trace": True})
     assert torch.equal(gen.generate(ids, max_new_tokens=4).sequences, _reference(target, ids, 4))
     n_single = len(seen)
     out = gen.generate(torch.cat([ids, _prompt(4, 6)]), max_new_tokens=3)
     assert torch.equal(out.sequences[0], _reference(target, ids, 3))
     assert n_single > 0 and len(seen) > n_single
-    assert all(kw["mode"] == "graph" and kw["weights"] is w and "input_ids" in kw for kw in seen)
+    assert all(kw["trace"] is True and kw["weights"] is w and "input_ids" in kw for kw in seen)
+    with pytest.raises(InputError, match=r"unknown option 'mode' for backend 'torch_ref'"):
+        SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"mode": "graph"})
     with pytest.raises(InputError, match="draft_options must be a dict"):
         SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options=["mode"])
     with pytest.raises(InputError, match=r"draft_options cannot set \['cache', 'sampling'\]"):

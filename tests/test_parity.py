@@ -207,13 +207,14 @@ def test_triton_differs_from_torch_ref_only_at_near_ties(dtype):
     """Every call: no differing decision, or the first one is a near-tie of the reference's own
     scores, with the scores agreeing within rounding up to it; the kernel's final selection is
     always what the shared packer makes of its candidate list. fp32: identical trees. Under the
-    interpreter these seeds include fp16 decisions that differ (exact ties broken the other way),
-    so the near-tie path itself is exercised."""
+    interpreter these seeds include an fp16 decision that differs (seed 11: a near-tie that the
+    two roundings order differently; exact ties go to the lower index in both), so the near-tie
+    path itself is exercised."""
     cfg = _cfg(vocab_size=150, target_vocab_size=None, total_token=15, depth=3, top_k=4, hidden_size=48,
                num_attention_heads=6, num_key_value_heads=2, intermediate_size=56)
     device = "cuda" if HAS_CUDA else "cpu"
     reports = []
-    for seed in range(3):
+    for seed in (0, 1, 11):
         w = random_weights(cfg, seed=seed, dtype=dtype, device=device, lm_head_scale=1.0)  # flat: many near-ties
         ref = _calls(cfg, w, "torch_ref", 50 + seed, dtype=dtype, device=device)
         tri = _calls(cfg, w, "triton", 50 + seed, dtype=dtype, device=device)
