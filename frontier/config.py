@@ -51,7 +51,7 @@ _UPPER_BOUNDS = {
 class FrontierConfig(BaseModel):
     """Frozen configuration of one draft head and its tree.
 
-    Symbols follow SPEC.md: ``T = total_token`` (tree size including the root),
+    Symbols follow docs/contract.md: ``T = total_token`` (tree size including the root),
     ``D = depth``, ``K = top_k``, ``V = vocab_size`` (draft vocabulary), ``H = hidden_size``,
     ``F = feature_size``, ``V_t = target_vocab_size``.
     """
@@ -250,7 +250,7 @@ class FrontierConfig(BaseModel):
 
     @property
     def num_candidates(self) -> int:
-        """Candidate-list length ``K + D*K^2`` (SPEC step 3)."""
+        """Candidate-list length ``K + D*K^2`` (docs/contract.md, "One draft call" step 3)."""
         return self.top_k + self.depth * self.top_k**2
 
     @property

@@ -39,7 +39,7 @@ class CacheError(FrontierError, ValueError):
 
 
 class InvariantError(FrontierError, AssertionError):
-    """A :class:`~frontier.Frontier` breaks one of SPEC.md's invariants."""
+    """A :class:`~frontier.Frontier` breaks one of the contract's invariants (docs/contract.md)."""
 
 
 class NonFiniteError(FrontierError, ArithmeticError):

@@ -360,7 +360,7 @@ def _read_json(path: Path, role: str) -> dict[str, Any]:
 # ==============================================================================================
 @dataclass(frozen=True)
 class HeadDims:
-    """The draft head's dimensions as its config.json states them (SPEC.md symbols)."""
+    """The draft head's dimensions as its config.json states them (docs/contract.md symbols)."""
 
     architecture: str
     hidden_size: int  # H

@@ -1,6 +1,6 @@
-"""Why two backends' trees differ: candidate traces and the near-tie check (SPEC.md "Parity").
+"""Why two backends' trees differ: candidate traces and the near-tie check (docs/contract.md, "Parity").
 
-In float32 with IEEE dots, triton and torch_ref give identical trees. In bf16/fp16 the SPEC
+In float32 with IEEE dots, triton and torch_ref give identical trees. In bf16/fp16 the contract
 allows a difference "only where two candidates' scores are within rounding of each other". This
 module checks that claim one call at a time.
 
@@ -56,7 +56,7 @@ class CandidateTrace:
     """One call's candidate list (C = K + D*K^2 entries), as the backend built it.
 
     scores: [C] float32 cumulative log-probs; tokens: [C] int64 target ids; row_parents:
-    [C // K] int64 stored parent of each group of K siblings (SPEC "Parent numbering").
+    [C // K] int64 stored parent of each group of K siblings (docs/contract.md).
     log_probs (torch_ref only): the rows each top-K was taken from, in the compute dtype: the
     root's [V], then one [K, V] per depth. draft_to_target (torch_ref only): [V] int64 target
     id of each draft index (the identity when the vocabularies coincide).

@@ -53,7 +53,7 @@ CALL_OPTIONS = ("check_token_range", "check_finite")
 
 @dataclass
 class DraftRequest:
-    """The validated inputs a backend receives (the contract's "One draft call")."""
+    """The validated inputs a backend receives (docs/contract.md, "One draft call")."""
 
     cfg: FrontierConfig
     features: torch.Tensor  # [1, n, F] target features of the n new context rows

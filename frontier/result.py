@@ -12,7 +12,7 @@ from .errors import InvariantError
 
 @dataclass
 class Frontier:
-    """Result of :func:`frontier.frontier_generate` (SPEC.md "Outputs").
+    """Result of :func:`frontier.frontier_generate` (docs/contract.md, "Outputs").
 
     Attributes
     ----------
@@ -81,7 +81,8 @@ class Frontier:
         top_k: Optional[int] = None,
         sampling: Optional[bool] = None,
     ) -> "Frontier":
-        """Check every SPEC.md invariant; raise :class:`InvariantError` naming the first one broken.
+        """Check every invariant of docs/contract.md; raise :class:`InvariantError` naming the
+        first one broken.
 
         ``total_token``/``depth``/``top_k`` add the config-dependent checks (tree size, depth
         bound D+1, at most K children per node); ``sampling`` checks the retrieve row order

@@ -1,4 +1,4 @@
-"""Tree packing shared by every backend (SPEC.md "Outputs").
+"""Tree packing shared by every backend (docs/contract.md, "Outputs").
 
 Input is the parent of every chosen node as a *position in draft_tokens* (0 is the root);
 output is ``tree_mask``, ``tree_position_ids`` and ``retrieve_indices``. Everything runs
@@ -27,7 +27,7 @@ class PackedTree:
 
 
 def parent_positions(chosen_sorted: torch.Tensor, stored_parents: torch.Tensor) -> torch.Tensor:
-    """Map stored parents to positions in draft_tokens (SPEC "Parent numbering").
+    """Map stored parents to positions in draft_tokens (docs/contract.md, "One draft call").
 
     chosen_sorted: [T-1] int64, the chosen candidate-list indices in ascending order.
     stored_parents: [T-1] int64, each chosen candidate's stored parent (candidate index + 1,
@@ -70,7 +70,7 @@ def pack_tree(
     """Build tree_mask, tree_position_ids and retrieve_indices from parent positions.
 
     parent_pos: [T-1] int64, parent position in draft_tokens of nodes 1..T-1 (each < its node).
-    sampling: sort retrieve rows lexicographically, -1 after every real index (SPEC).
+    sampling: sort retrieve rows lexicographically, -1 after every real index (docs/contract.md).
     padded: return retrieve_indices as [T, W] with W = max_depth + 1 (or T when max_depth is
       None), real rows first, -1 rows after, and no host read at all.
     max_depth: upper bound on node depth (D + 1 for depth D).
@@ -131,7 +131,7 @@ __all__ = ["PackedTree", "parent_positions", "ancestor_mask", "pack_tree"]
 
 
 # ----------------------------------------------------------------------------------------------
-# Candidate bookkeeping of the EAGLE dynamic tree (SPEC "One draft call", steps 2-3).
+# Candidate bookkeeping of the EAGLE dynamic tree (docs/contract.md, "One draft call", steps 2-3).
 # ----------------------------------------------------------------------------------------------
 def expansion_parents(pick: torch.Tensor, depth_index: int, top_k: int) -> torch.Tensor:
     """Stored parents of the K*K candidates produced at depth ``depth_index``.
@@ -154,8 +154,9 @@ def best_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def chosen_candidates(cand_scores: torch.Tensor, total_token: int) -> torch.Tensor:
-    """The final selection's rule (SPEC step 3): the T-1 best scores, equal scores ranking the
-    lower candidate index first, as ascending candidate indices [T-1]."""
+    """The final selection's rule (docs/contract.md, "One draft call" step 3): the T-1 best
+    scores, equal scores ranking the lower candidate index first, as ascending candidate
+    indices [T-1]."""
     order = best_k(cand_scores, total_token - 1)[1]  # [T-1]
     return torch.sort(order).values  # [T-1]
 
@@ -168,8 +169,8 @@ def select_nodes(
     total_token: int,
     top_k: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Final selection: best T-1 candidates, sorted by candidate index (SPEC step 3), ties
-    broken toward the lower candidate index.
+    """Final selection: best T-1 candidates, sorted by candidate index (docs/contract.md, "One
+    draft call" step 3), ties broken toward the lower candidate index.
 
     cand_scores: [C] cumulative scores, C = K + D*K^2, in candidate-list order.
     cand_tokens: [C] int64 target token ids, same order.

@@ -1,7 +1,7 @@
-"""frontier.parity: candidate traces and the near-tie check (SPEC "Parity").
+"""frontier.parity: candidate traces and the near-tie check (docs/contract.md, "Parity").
 
 The check itself is tested on crafted divergences (a tie broken the other way, a worse pick, a
-corrupted tree, a mis-scaled head), then applied where the SPEC applies it: triton against
+corrupted tree, a mis-scaled head), then applied where the contract applies it: triton against
 torch_ref in fp16 (the interpreter on CPU; bf16 as well on a GPU), every call either identical or
 differing only at a near-tie.
 """
@@ -200,7 +200,7 @@ def test_fp32_tolerance_covers_accumulation_noise_and_nothing_coarser():
                     assert rep.noise > 0, rep  # the jitter did reach the scores
 
 
-# --- the SPEC's claim: triton vs torch_ref ---------------------------------------------------
+# --- the contract's claim: triton vs torch_ref ---------------------------------------------------
 @pytest.mark.skipif(not TRITON_OK, reason="triton backend unavailable here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else []))
 def test_triton_differs_from_torch_ref_only_at_near_ties(dtype):

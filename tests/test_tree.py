@@ -1,4 +1,4 @@
-"""frontier.tree against a deliberately naive, loop-based packing that follows SPEC.md line by line.
+"""frontier.tree against a deliberately naive, loop-based packing that follows docs/contract.md line by line.
 
 The naive versions below use Python lists and per-node loops on purpose: they are the
 readable statement of the contract; the library's versions are vectorised.
@@ -26,7 +26,7 @@ from frontier.tree import _lexsort_rows
 
 
 # ----------------------------------------------------------------------------------------------
-# Naive reference packing (SPEC "Outputs")
+# Naive reference packing (docs/contract.md, "Outputs")
 # ----------------------------------------------------------------------------------------------
 def naive_pack(parents: list[int], sampling: bool) -> tuple[list[list[int]], list[int], list[list[int]]]:
     """parents[i] = parent position of node i+1. Returns (mask rows, position ids, retrieve rows)."""
@@ -212,7 +212,7 @@ def test_expansion_parents_numbering():
 
 
 def naive_dynamic_tree(lp_tables: list[list[list[float]]], k: int, depth: int, total_token: int):
-    """SPEC 'One draft call' steps 1-3 in plain Python, driven by per-row log-prob tables.
+    """docs/contract.md 'One draft call' steps 1-3 in plain Python, driven by per-row log-prob tables.
 
     lp_tables[0][0] are the root's K sorted log-probs; lp_tables[i+1][r] those of frontier row r
     at depth i. Tokens are the candidate indices themselves (so the chosen nodes are visible).
@@ -281,7 +281,7 @@ def test_select_nodes_matches_naive_dynamic_tree(k, depth):
 
 
 # ----------------------------------------------------------------------------------------------
-# The tie rule: exactly equal scores go to the lower index (SPEC "Ties")
+# The tie rule: exactly equal scores go to the lower index (docs/contract.md, "One draft call": ties)
 # ----------------------------------------------------------------------------------------------
 def naive_best_k(row: list[float], k: int) -> tuple[list[float], list[int]]:
     order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]

@@ -1,6 +1,6 @@
 """The stub backend: EAGLE-shaped draft trees with no weights.
 
-It runs the real dynamic-tree bookkeeping of SPEC.md (top-K children per frontier row,
+It runs the real dynamic-tree bookkeeping of docs/contract.md (top-K children per frontier row,
 cumulative scores, top-K prune, final top-(T-1) + sort, shared tree packing) but replaces the
 draft layer with a counter-based hash that yields deterministic pseudo-random log-probs and
 tokens. So its trees have EAGLE's shape (neither chains nor stars, depth <= D+1, at most K

@@ -1,4 +1,4 @@
-"""One draft call, step by step (SPEC.md "One draft call").
+"""One draft call, step by step (docs/contract.md, "One draft call").
 
 1. :func:`context_step` — the n new context rows through the layer; their K/V are kept.
 2. :func:`expand_depth` — D times: the K frontier rows through the layer with the implicit

@@ -1,11 +1,11 @@
-"""The draft layer, one step per function (SPEC.md "The EAGLE-3 draft layer").
+"""The draft layer, one step per function (docs/contract.md, "The draft layer").
 
 Every function mirrors the public EAGLE code's order of floating-point operations, so that in
 float32 the outputs are bitwise equal to it: RMSNorm in fp32 cast back before the weight
 multiply, attention scores ``(q @ k^T) / sqrt(d)`` plus an additive fp32 mask, softmax in fp32
 cast back to the compute dtype, then ``@ v``.
 
-Shapes use SPEC names: N rows in this forward, P = rows already attended to (cache + earlier
+Shapes use the contract's names: N rows in this forward, P = rows already attended to (cache + earlier
 tree rows), H hidden, d head dim, nh heads, nkv KV heads.
 """
 
