@@ -11,7 +11,7 @@ weight-free backend such as the stub never reads the features' values):
 
 * ``check_finite=True`` (default with ``padded=False``): NaN/Inf in the features raise
   :class:`InputError` before anything runs, and a draft that turns finite inputs into NaN/Inf
-  (an fp16 overflow inside the layer) raises :class:`NonFiniteError` with the cache rolled
+  scores (an fp16 overflow inside the layer) raises :class:`NonFiniteError` with the cache rolled
   back. Each costs one host read.
 * ``check_finite=False`` (default with ``padded=True``, the layout that reads nothing from the
   host): the result's ``invalid`` flag (a device tensor) is set when the features or the outputs
@@ -65,9 +65,9 @@ class DraftRequest:
     padded: bool = False
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-    # [] bool device tensor when the checks run on the device (check_finite / check_token_range
-    # False): True when an input was invalid. None when every check ran on the host.
-    invalid: Optional[torch.Tensor] = None
+    # [] bool device tensor when some checks run on the device (check_finite / check_token_range
+    # False): True while those inputs are valid. None when every check ran on the host.
+    valid: Optional[torch.Tensor] = None
     check_finite: bool = True
 
     @property
@@ -289,21 +289,22 @@ def validate_request(
         raise InputError(f"backend {backend_name!r} takes no weights; drop weights=/ea_layer=")
 
     # Values, where they feed the draft layer: the host checks share one host read, the device
-    # checks set the request's flag.
-    invalid: Optional[torch.Tensor] = None
+    # checks set the request's flag (a handful of small ops, no host read).
+    valid: Optional[torch.Tensor] = None
     if requires_weights:
         host: list[torch.Tensor] = []
         if check_finite:
             host.append(torch.isfinite(features).all())
         else:
-            invalid = ~torch.isfinite(features).all()
+            valid = torch.isfinite(features).all()
         vt = cfg.target_vocab_size
         if check_range:
             host += list(torch.aminmax(input_ids))
         else:  # the ids index the embedding: clamp them on the device, and say so in the flag
-            out = ((input_ids < 0) | (input_ids >= vt)).any()
-            invalid = out if invalid is None else invalid | out
-            input_ids = input_ids.clamp(0, vt - 1)
+            clamped = input_ids.clamp(0, vt - 1)
+            in_range = torch.eq(clamped, input_ids).all()
+            valid = in_range if valid is None else valid & in_range
+            input_ids = clamped
         if host:
             values = torch.stack([h.to(torch.int64) for h in host]).tolist()  # the one host read
             if check_finite and not values.pop(0):
@@ -326,7 +327,7 @@ def validate_request(
         padded=padded,
         seed=seed,
         options=options,
-        invalid=invalid,
+        valid=valid,
         check_finite=check_finite,
     )
 
@@ -382,12 +383,12 @@ class _Saved:
             self.cache.k[:, :, self.length : self.length + self.k.shape[2]].copy_(self.k)
             self.cache.v[:, :, self.length : self.length + self.v.shape[2]].copy_(self.v)
 
-    def rows_where(self, flag: torch.Tensor, cache: DraftCache, n: int) -> None:
-        """Rows [c, c+n) of ``cache`` back to their saved contents where ``flag`` (a [] bool
+    def rows_where(self, keep: torch.Tensor, cache: DraftCache, n: int) -> None:
+        """Rows [c, c+n) of ``cache`` back to their saved contents unless ``keep`` (a [] bool
         device tensor; no host read); a fresh cache (nothing saved) gets zeros, as it was made."""
         for store, old in ((cache.k, self.k), (cache.v, self.v)):
             new = store[:, :, self.length : self.length + n]
-            new.copy_(torch.where(flag, torch.zeros_like(new) if old is None else old, new))
+            torch.where(keep, new, new.new_zeros(()) if old is None else old, out=new)
 
 
 def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int) -> None:
@@ -431,45 +432,34 @@ def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int)
 
 
 def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], saved: list[_Saved]) -> None:
-    """Finite outputs, checked on the host (``check_finite``, default) or flagged on the device
+    """Finite scores, checked on the host (``check_finite``, default) or flagged on the device
     with the new cache rows restored; sets every result's ``invalid`` flag."""
     host = []
     for r, fr, s in zip(requests, results, saved):
-        if r.weights is None:  # no draft layer ran on the features' values
-            fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
-            continue
-        out_bad = ~_outputs_finite(r, fr)
-        if r.check_finite:
-            host.append(out_bad)
-            bad = r.invalid
+        if r.weights is None or fr.scores is None:  # no draft layer ran on the features' values
+            valid = r.valid
         else:
-            bad = out_bad if r.invalid is None else out_bad | r.invalid
-        if bad is None:
+            scores_ok = torch.isfinite(fr.scores).all()  # NaN/Inf anywhere in the layer reaches the scores
+            if r.check_finite:
+                host.append(scores_ok)
+                valid = r.valid
+            else:
+                valid = scores_ok if r.valid is None else scores_ok & r.valid
+        if valid is None:
             fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
             continue
-        if isinstance(fr.cache, DraftCache):
-            s.rows_where(bad, fr.cache, r.num_new)
-        fr.invalid = bad
-    flags = torch.stack(host).tolist() if host else []  # the one host read of check_finite
-    if any(flags):
-        which = [b for b, x in enumerate(flags) if x]
-        where = "" if len(requests) == 1 else f" (sequence(s) {which})"
-        raise NonFiniteError(
-            f"the draft produced non-finite values from finite inputs{where}: the draft layer overflowed "
-            f"(an fp16 head?). The cache was rolled back"
-        )
-
-
-def _outputs_finite(r: DraftRequest, fr: Frontier) -> torch.Tensor:
-    """[] bool: the tree's scores and this call's new cache rows are finite."""
-    ok = torch.ones((), dtype=torch.bool, device=r.device)
-    if fr.scores is not None:
-        ok = ok & torch.isfinite(fr.scores).all()
-    cache = fr.cache
-    if isinstance(cache, DraftCache):
-        c = cache.length - r.num_new
-        ok = ok & torch.isfinite(cache.k[:, :, c : cache.length]).all() & torch.isfinite(cache.v[:, :, c : cache.length]).all()
-    return ok
+        if isinstance(fr.cache, DraftCache) and r.weights is not None:
+            s.rows_where(valid, fr.cache, r.num_new)
+        fr.invalid = ~valid
+    if host:
+        flags = torch.stack(host).tolist()  # the one host read of check_finite
+        if not all(flags):
+            which = [b for b, ok in enumerate(flags) if not ok]
+            where = "" if len(requests) == 1 else f" (sequence(s) {which})"
+            raise NonFiniteError(
+                f"the draft produced non-finite scores from finite inputs{where}: the draft layer overflowed "
+                f"(an fp16 head?). The cache was rolled back"
+            )
 
 
 __all__ = [

@@ -126,7 +126,7 @@ def test_a_draft_that_overflows_raises_and_rolls_the_cache_back():
     cache = first.cache
     cache.truncate(0)
     snap = _snapshot(cache)
-    with pytest.raises(NonFiniteError, match=r"non-finite values from finite inputs.*rolled back"):
+    with pytest.raises(NonFiniteError, match=r"non-finite scores from finite inputs.*rolled back"):
         frontier_generate(CFG, feats[:, :4], backend="torch_ref", input_ids=ids[:, :5], weights=w, cache=cache)
     _assert_unchanged(cache, snap)
 
