@@ -395,3 +395,144 @@ def test_fallback_names_both_backends_when_neither_can_run():
     finally:
         del frontier.get_backend("torch_ref").availability  # back to the class's method
         frontier.unregister_backend("down_one")
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration details: duck-typed targets, names, sources, lazy attribute paths, the report
+# ----------------------------------------------------------------------------------------------
+class DuckBackend:
+    """Not a Backend subclass: anything with a callable generate(request) is accepted."""
+
+    def generate(self, request):  # pragma: no cover - never drafted with
+        raise AssertionError("not called")
+
+
+class NamedDuck(DuckBackend):
+    name = "my own name"
+
+
+class ReadOnlyName(DuckBackend):
+    @property
+    def name(self):
+        return ""
+
+
+def test_base_backend_is_available_by_default():
+    assert Backend().availability() == (True, "")
+
+
+def test_duck_typed_instance_is_accepted_and_named_after_its_registration():
+    duck = DuckBackend()
+    register_backend("duck", duck)
+    assert get_backend("duck") is duck and duck.name == "duck"
+    named = NamedDuck()
+    register_backend("named", named)
+    assert get_backend("named").name == "my own name"
+    read_only = ReadOnlyName()
+    register_backend("read_only", read_only)
+    assert get_backend("read_only") is read_only and read_only.name == ""
+
+
+def test_objects_without_a_callable_generate_are_refused():
+    class NotCallable:
+        generate = "draft"
+
+    for target, kind in ((NotCallable(), "NotCallable"), (object(), "object"), (3.5, "float")):
+        with pytest.raises(RegistryError, match=(
+            rf"^backend target for 'x' must be a Backend instance or class or a 'module:attr' string, got {kind}$"
+        )):
+            register_backend("x", target)
+    assert "x" not in available_backends()
+
+
+def test_registrations_are_reported_as_user_with_needs_and_devices():
+    class Weighted(Backend):
+        requires_weights = True
+        devices = ("cuda",)
+
+    register_backend("weighted", Weighted())
+    register_backend("duck", DuckBackend())
+    rows = {r["name"]: r for r in frontier.backend_report()}
+    assert rows["weighted"] == {"name": "weighted", "available": True, "why": "", "source": "user", "needs": "weights",
+                                "devices": "cuda"}
+    assert rows["stub"] == {"name": "stub", "available": True, "why": "", "source": "frontier", "needs": "no weights",
+                            "devices": "cpu,cuda"}
+    # a duck without the optional attributes: availability() is required, so it fails into the report
+    assert rows["duck"]["available"] is False and rows["duck"]["needs"] == "?" and rows["duck"]["devices"] == "?"
+    assert rows["duck"]["source"] == "user" and "availability" in rows["duck"]["why"]
+
+
+def test_report_row_of_a_broken_plugin(plugins):
+    rows = {r["name"]: r for r in frontier.backend_report()}
+    broken = rows["broken"]
+    assert (broken["available"], broken["needs"], broken["devices"]) == (False, "?", "?")
+    assert broken["source"] == "frontier-test-plugin-broken (entry point)"
+
+
+def test_no_generate_method_message_names_the_target():
+    register_backend("nogen2", "frontier.registry:AUTOLOAD_ENV")  # resolves to a string
+    with pytest.raises(BackendUnavailableError, match=(
+        r"^backend 'nogen2' \('frontier.registry:AUTOLOAD_ENV'\) has no generate\(request\) method$"
+    )):
+        get_backend("nogen2")
+
+
+def test_lazy_target_follows_a_dotted_attribute_path():
+    register_backend("nested", "frontier:registry.Backend")
+    backend = get_backend("nested")
+    assert type(backend) is Backend and backend.name == "nested"
+    register_backend("two_colons", "frontier.registry:Backend:extra")
+    with pytest.raises(BackendUnavailableError, match=(
+        r"^backend 'two_colons' \('frontier.registry:Backend:extra', from user\) failed to load: AttributeError: "
+    )):
+        get_backend("two_colons")
+
+
+def test_conflict_message_describes_an_instance_target():
+    register_backend("rec", Recorder())
+    with pytest.raises(RegistryError, match=(
+        r"^backend name 'rec' is already registered to test_registry.Recorder instance \(from user\); "
+        r"pass clobber=True to replace it$"
+    )):
+        register_backend("rec", Recorder)
+    register_backend("rec_cls", Recorder)
+    with pytest.raises(RegistryError, match=r"^backend name 'rec_cls' is already registered to test_registry.Recorder \(from user\)"):
+        register_backend("rec_cls", Recorder())
+
+
+def test_unknown_name_with_nothing_registered():
+    with registry._lock:
+        registry._entries.clear()
+    registry._plugins_scanned = True
+    with pytest.raises(BackendNotFoundError, match=r"^unknown backend 'stub'; registered backends: \(none\)$"):
+        get_backend("stub")
+
+
+class FakeEntryPoint:
+    """What importlib.metadata yields, minus the distribution (dist is None for some finders)."""
+
+    def __init__(self, name: str, value: str, dist=None):
+        self.name, self.value, self.dist = name, value, dist
+
+
+def test_entry_points_are_scanned_once_in_order_and_reset(monkeypatch):
+    import importlib.metadata
+
+    calls = []
+
+    def fake_entry_points(group):
+        calls.append(group)
+        return [FakeEntryPoint("stub", "somewhere:Else"),  # taken by the built-in: skipped, scan goes on
+                FakeEntryPoint("later", "frontier.backends.stub:StubBackend")]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
+    registry._reset_plugin_scan()
+    assert "later" in available_backends() and "later" in available_backends()
+    assert calls == ["frontier.backends"]
+    rows = {r["name"]: r for r in frontier.backend_report()}
+    assert rows["later"]["source"] == "entry point (entry point)" and rows["stub"]["source"] == "frontier"
+    registry._reset_plugin_scan()
+    assert "later" not in registry._entries and registry._plugins_scanned is False
+    assert "stub" in registry._entries  # only entry-point entries are forgotten
+    available_backends()
+    assert calls == ["frontier.backends", "frontier.backends"]
