@@ -142,3 +142,98 @@ def test_batch_rejects_bad_arguments_before_allocating():
         frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, lm_head=w.lm_head)
     with pytest.raises(CacheError, match="cannot hold the longest context"):
         frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache_max_length=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# BatchDraftCache and the batch call's own checks (stub or a tiny torch_ref head: fast)
+# ----------------------------------------------------------------------------------------------
+TINY = dict(total_token=5, depth=2, top_k=2, vocab_size=16, hidden_size=8, num_attention_heads=2,
+            num_key_value_heads=1, intermediate_size=8)
+
+
+def test_batch_draft_cache_slots_are_views_of_one_allocation():
+    cfg = random_config(**TINY)  # 1 layer, 1 kv head, head_dim 4
+    bc = BatchDraftCache(cfg, 3, max_length=6, dtype=torch.float16, device="cpu")
+    assert bc.k.shape == (3, 1, 1, 6, 4) and bc.v.shape == (3, 1, 1, 6, 4) and bc.k.dtype == torch.float16
+    assert not bc.k.any() and bc.k.data_ptr() != bc.v.data_ptr()
+    assert len(bc) == 3 and list(bc) == [bc[0], bc[1], bc[2]]
+    assert all(isinstance(c, frontier.DraftCache) for c in bc)
+    assert bc[1].k.data_ptr() == bc.k[1].data_ptr() and bc[2].v.data_ptr() == bc.v[2].data_ptr()
+    assert bc.max_length == 6 and bc.lengths == [0, 0, 0]
+    bc[1].length = 4
+    assert bc.lengths == [0, 4, 0]
+    assert repr(bc) == "BatchDraftCache(batch=3, lengths=[0, 4, 0], max_length=6, dtype=torch.float16)"
+    assert BatchDraftCache(cfg, 1, dtype=torch.float32, device="cpu").max_length == 4096
+
+
+@pytest.mark.parametrize("batch", [0, -2])
+def test_batch_draft_cache_needs_a_positive_batch_and_layer_dims(batch):
+    with pytest.raises(InputError, match=rf"^batch must be positive, got batch={batch}$"):
+        BatchDraftCache(random_config(**TINY), batch, dtype=torch.float32, device="cpu")
+    tree_only = frontier.FrontierConfig(total_token=5, depth=2, top_k=2, vocab_size=16, hidden_size=8)
+    with pytest.raises(frontier.ConfigError, match=r"^BatchDraftCache runs the draft layer and needs"):
+        BatchDraftCache(tree_only, 2, dtype=torch.float32, device="cpu")
+
+
+def test_stub_batch_equals_drafting_each_sequence_alone():
+    cfg = frontier.FrontierConfig(total_token=9, depth=3, top_k=3, vocab_size=50, hidden_size=8)
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.randn(1, n, cfg.feature_size, generator=g) for n in (2, 5, 1)]
+    ids = [torch.randint(0, 50, (1, n + 1), generator=g) for n in (2, 5, 1)]
+    for sampling, padded in ((False, False), (True, True)):
+        frs = frontier_generate_batch(cfg, feats, "stub", input_ids=ids, seed=7, sampling=sampling, padded=padded)
+        assert len(frs) == 3
+        for b in range(3):
+            alone = frontier_generate(cfg, feats[b], "stub", input_ids=ids[b], seed=7, sampling=sampling, padded=padded)
+            assert frs[b].same_tree(alone) and frs[b].padded is padded and frs[b].cache is None
+    # a tuple works like a list, and frontier_generate hands a list to the batch call
+    assert len(frontier_generate_batch(cfg, tuple(feats), "stub", input_ids=tuple(ids))) == 3
+    assert len(frontier_generate(cfg, feats, "stub", input_ids=ids, seed=7)) == 3
+
+
+def test_batch_argument_messages():
+    cfg = frontier.FrontierConfig(total_token=9, depth=3, top_k=3, vocab_size=50, hidden_size=8)
+    f = torch.randn(1, 2, cfg.feature_size)
+    ids = torch.randint(0, 50, (1, 3))
+    with pytest.raises(InputError, match=r"^cfg must be a FrontierConfig, got dict$"):
+        frontier_generate_batch({}, [f], "stub")
+    with pytest.raises(InputError, match=r"^features must be a non-empty list of \[1, n_b, F\] tensors, one per sequence$"):
+        frontier_generate_batch(cfg, f, "stub")
+    with pytest.raises(InputError, match=r"^features must be a non-empty list"):
+        frontier_generate_batch(cfg, (), "stub")
+    with pytest.raises(InputError, match=r"^input_ids must be a list of 2 tensors \[1, L_b\+1\] \(one per sequence\)$"):
+        frontier_generate_batch(cfg, [f, f], "stub", input_ids=[ids])
+    with pytest.raises(InputError, match=r"^input_ids must be a list of 2 tensors"):
+        frontier_generate_batch(cfg, [f, f], "stub", input_ids=ids)
+    with pytest.raises(InputError, match=r"^all sequences' features must be on one device, got \['cpu', 'meta'\]$"):
+        frontier_generate_batch(cfg, [f, f.to("meta")], "stub")
+    with pytest.raises(InputError, match=r"^all sequences' features must share one dtype, got \['torch.float32', 'torch.float64'\]$"):
+        frontier_generate_batch(cfg, [f, f.double()], "stub")
+    with pytest.raises(InputError, match=r"^caches must hold one entry per sequence \(2\), got 3$"):
+        frontier_generate_batch(cfg, [f, f], "stub", caches=[None, None, None])
+    with pytest.raises(InputError, match=r"^sequence 1: "):
+        frontier_generate_batch(cfg, [f, f[..., :-1]], "stub")
+    with pytest.raises(InputError, match=(
+        r"^with a batch of features, cache must be a BatchDraftCache or a list of DraftCache/None$"
+    )):
+        frontier_generate(cfg, [f, f], "stub", cache=3)
+    with pytest.raises(InputError, match=r"^cfg must be a FrontierConfig, got NoneType$"):
+        frontier_generate(None, f, "stub")
+
+
+def test_fresh_batch_cache_for_a_weighted_backend():
+    cfg = random_config(**TINY)
+    w = random_weights(cfg, seed=1)
+    g = torch.Generator().manual_seed(1)
+    feats = [torch.randn(1, n, cfg.feature_size, generator=g) for n in (3, 5)]
+    ids = [torch.randint(0, 16, (1, n + 1), generator=g) for n in (3, 5)]
+    frs = frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w)
+    assert [fr.cache.length for fr in frs] == [3, 5] and frs[0].cache.max_length == 4096
+    assert frs[1].cache.k.data_ptr() == frs[0].cache.k.data_ptr() + frs[0].cache.k.numel() * 4  # one allocation
+    frs = frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache_max_length=5)
+    assert frs[0].cache.max_length == 5 and frs[1].cache.length == 5  # the longest context fills it exactly
+    with pytest.raises(CacheError, match=r"^cache_max_length=4 cannot hold the longest context \(5 rows\)$"):
+        frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w, cache_max_length=4)
+    one = [frontier.DraftCache.for_config(cfg, max_length=8, dtype=torch.float32, device="cpu"), None]
+    frs = frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w, caches=one)
+    assert frs[0].cache is one[0] and one[0].length == 3 and frs[1].cache.length == 5
