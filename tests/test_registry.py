@@ -411,6 +411,13 @@ class NamedDuck(DuckBackend):
     name = "my own name"
 
 
+class PlainDuck(DuckBackend):
+    """availability() but none of the optional declarations (requires_weights, devices)."""
+
+    def availability(self):
+        return True, ""
+
+
 class ReadOnlyName(DuckBackend):
     @property
     def name(self):
@@ -458,6 +465,9 @@ def test_registrations_are_reported_as_user_with_needs_and_devices():
     assert rows["stub"] == {"name": "stub", "available": True, "why": "", "source": "frontier", "needs": "no weights",
                             "devices": "cpu,cuda"}
     # a duck without the optional attributes: availability() is required, so it fails into the report
+    register_backend("plain_duck", PlainDuck())
+    rows = {r["name"]: r for r in frontier.backend_report()}
+    assert (rows["plain_duck"]["available"], rows["plain_duck"]["needs"], rows["plain_duck"]["devices"]) == (True, "no weights", "")
     assert rows["duck"]["available"] is False and rows["duck"]["needs"] == "?" and rows["duck"]["devices"] == "?"
     assert rows["duck"]["source"] == "user" and "availability" in rows["duck"]["why"]
 
@@ -509,10 +519,19 @@ def test_unknown_name_with_nothing_registered():
 
 
 class FakeEntryPoint:
-    """What importlib.metadata yields, minus the distribution (dist is None for some finders)."""
+    """What importlib.metadata yields, with no distribution behind it (dist None)."""
 
-    def __init__(self, name: str, value: str, dist=None):
-        self.name, self.value, self.dist = name, value, dist
+    dist = None
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, value
+
+
+class DistlessEntryPoint:
+    """An entry point object without even a ``dist`` attribute."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, value
 
 
 def test_entry_points_are_scanned_once_in_order_and_reset(monkeypatch):
@@ -523,7 +542,8 @@ def test_entry_points_are_scanned_once_in_order_and_reset(monkeypatch):
     def fake_entry_points(group):
         calls.append(group)
         return [FakeEntryPoint("stub", "somewhere:Else"),  # taken by the built-in: skipped, scan goes on
-                FakeEntryPoint("later", "frontier.backends.stub:StubBackend")]
+                FakeEntryPoint("later", "frontier.backends.stub:StubBackend"),
+                DistlessEntryPoint("last", "frontier.backends.stub:StubBackend")]
 
     monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
     registry._reset_plugin_scan()
@@ -531,6 +551,7 @@ def test_entry_points_are_scanned_once_in_order_and_reset(monkeypatch):
     assert calls == ["frontier.backends"]
     rows = {r["name"]: r for r in frontier.backend_report()}
     assert rows["later"]["source"] == "entry point (entry point)" and rows["stub"]["source"] == "frontier"
+    assert rows["last"]["source"] == "entry point (entry point)"
     registry._reset_plugin_scan()
     assert "later" not in registry._entries and registry._plugins_scanned is False
     assert "stub" in registry._entries  # only entry-point entries are forgotten
