@@ -21,6 +21,7 @@ from frontier import (
     get_backend,
     register_backend,
 )
+import frontier
 from frontier import registry
 from frontier.backends.stub import StubBackend
 from frontier.random_head import random_config, random_inputs, random_weights
@@ -48,14 +49,17 @@ BAD_INPUTS = [
     # (description, call kwargs, error class, regex on the message)
     ("cfg not a config", dict(cfg={"total_token": 20}), InputError, r"cfg must be a FrontierConfig, got dict"),
     ("features not a tensor", dict(features_concat=[[0.0] * 24]), InputError,
-     r"features_concat must be a torch\.Tensor \[1, n, F\], got list"),
+     r"sequence 0: features_concat must be a torch\.Tensor \[1, n, F\], got list"),  # a list is a batch
     ("features 2-D", dict(features_concat=torch.randn(3, 24)), InputError,
      r"features_concat must be 3-D \[1, n, F\], got shape \[3, 24\]"),
-    ("features 4-D", dict(features_concat=torch.randn(1, 1, 3, 24)), InputError, r"3-D \[1, n, F\], got shape \[1, 1, 3, 24\]"),
-    ("batch of 2", dict(features_concat=torch.randn(2, 3, 24)), InputError, r"batch size 1 \(\[1, n, F\]\), got shape \[2, 3, 24\]"),
-    ("no new rows", dict(features_concat=torch.randn(1, 0, 24)), InputError, r"at least one new row \(n >= 1\), got shape \[1, 0, 24\]"),
+    ("features 4-D", dict(features_concat=torch.randn(1, 1, 3, 24)), InputError,
+     r"features_concat must be 3-D \[1, n, F\], got shape \[1, 1, 3, 24\]"),
+    ("batch of 2", dict(features_concat=torch.randn(2, 3, 24)), InputError,
+     r"features_concat must have batch size 1 \(\[1, n, F\]\), got shape \[2, 3, 24\]"),
+    ("no new rows", dict(features_concat=torch.randn(1, 0, 24)), InputError,
+     r"features_concat must hold at least one new row \(n >= 1\), got shape \[1, 0, 24\]"),
     ("wrong feature width", dict(features_concat=torch.randn(1, 3, 8)), InputError,
-     r"last dimension must be feature_size F=24, got shape \[1, 3, 8\]"),
+     r"features_concat last dimension must be feature_size F=24, got shape \[1, 3, 8\]"),
     ("integer features", dict(features_concat=torch.zeros(1, 3, 24, dtype=torch.int64)), InputError,
      r"features_concat must be a floating tensor, got dtype torch\.int64"),
     ("features on an unsupported device", dict(features_concat=torch.zeros(1, 3, 24, device="meta")), InputError,
@@ -69,12 +73,13 @@ BAD_INPUTS = [
     ("input_ids without a context token", dict(input_ids=torch.zeros(1, 1, dtype=torch.long)), InputError,
      r"input_ids must hold at least two tokens \(context \+ root\), got shape \[1, 1\]"),
     ("unknown backend", dict(backend="tirton"), BackendNotFoundError,
-     r"unknown backend 'tirton'; registered backends: .*stub.*torch_ref.*triton"),
+     r"unknown backend 'tirton'; registered backends: .*stub, .*torch_ref, triton.*"),
     ("backend not a name", dict(backend=StubBackend()), InputError, r"backend must be a backend name \(str\), got StubBackend"),
     ("weights for the stub", dict(weights="w"), InputError, r"backend 'stub' takes no weights; drop weights=/ea_layer="),
-    ("lm_head without ea_layer", dict(lm_head=torch.zeros(3, 3)), InputError, r"lm_head= goes with ea_layer="),
+    ("lm_head without ea_layer", dict(lm_head=torch.zeros(3, 3)), InputError,
+     r"lm_head= goes with ea_layer= \(DraftWeights already hold their lm_head\)"),
     ("bad cache_max_length", dict(cache_max_length=0), InputError, r"cache_max_length must be a positive int, got 0"),
-    ("seed not an int", dict(seed="7"), InputError, r"seed must be an int, got str"),
+    ("seed not an int", dict(seed="7"), InputError, r"seed must be an int, got str '7'"),
 ]
 
 
@@ -84,7 +89,7 @@ def test_bad_inputs_raise_clear_errors(what, kwargs, error, pattern):
     call.update(kwargs)
     with pytest.raises(error) as info:
         frontier_generate(**call)
-    assert re.search(pattern, str(info.value)), f"{pattern!r} not found in {str(info.value)!r}"
+    assert re.fullmatch(pattern, str(info.value)), f"{pattern!r} is not the whole message {str(info.value)!r}"
     assert isinstance(info.value, FrontierError)
 
 
@@ -187,21 +192,27 @@ def test_weighted_backend_accepts_consistent_inputs(weighted):
     [
         ("no layer dims", dict(cfg=FrontierConfig(total_token=12, depth=3, top_k=3, vocab_size=64, hidden_size=32,
                                                   target_vocab_size=80)),
-         ConfigError, r"backend 'weighted' runs the draft layer and needs num_attention_heads, intermediate_size"),
+         ConfigError, r"backend 'weighted' runs the draft layer and needs num_attention_heads, intermediate_size in "
+         r"FrontierConfig \(only the tree fields were given\); use FrontierConfig\.from_ea_layer\(\.\.\.\) or set them"),
         ("no weights", dict(weights=None), InputError, r"backend 'weighted' needs the draft head: pass weights= or ea_layer="),
-        ("weights of another type", dict(weights={"fc.weight": 1}), InputError, r"weights must be a frontier\.DraftWeights, got dict"),
+        ("weights of another type", dict(weights={"fc.weight": 1}), InputError,
+         r"weights must be a frontier\.DraftWeights, got dict \(a loaded DraftHead passes too\)"),
         ("weights for another config", dict(cfg=LAYER_CFG.replace(intermediate_size=40)), WeightsError,
-         r"'midlayer\.mlp\.gate_proj\.weight' has shape \[48, 32\], expected \[40, 32\]"),
+         r"weights: tensor 'midlayer\.mlp\.gate_proj\.weight' has shape \[48, 32\], expected \[40, 32\]"),
         ("weights in another dtype", dict(features_concat="f64", weights="f64"), InputError,
          r"backend 'weighted' supports dtypes float32; features_concat is float64"),
-        ("no input_ids", dict(input_ids=None), InputError, r"backend 'weighted' needs input_ids \[1, L\+1\]"),
+        ("no input_ids", dict(input_ids=None), InputError,
+         r"backend 'weighted' needs input_ids \[1, L\+1\] \(the sequence so far, root last\)"),
         ("context mismatch", dict(input_ids="longer"), CacheError,
-         r"the cache holds 0 rows, features_concat brings n=6, but input_ids has L=8 tokens before the root"),
+         r"cache length \+ new rows must equal the context length: the cache holds 0 rows, features_concat brings "
+         r"n=6, but input_ids has L=8 tokens before the root \(the contract's 'One draft call': c \+ n == L\)"),
         ("token out of range", dict(input_ids="out_of_range"), InputError,
          r"input_ids must lie in \[0, target_vocab_size=80\), got range \[0, 80\]"),
-        ("negative token", dict(input_ids="negative"), InputError, r"input_ids must lie in \[0, target_vocab_size=80\), got range \[-1,"),
+        ("negative token", dict(input_ids="negative"), InputError,
+         r"input_ids must lie in \[0, target_vocab_size=80\), got range \[-1, \d+\]"),
         ("both weights and ea_layer", dict(ea_layer=object()), InputError, r"pass either weights= or ea_layer=, not both"),
-        ("cache of another type", dict(cache="not a cache"), InputError, r"cache must be a frontier\.DraftCache"),
+        ("cache of another type", dict(cache="not a cache"), InputError,
+         r"cache must be a frontier\.DraftCache \(Frontier\.cache\), got str"),
     ],
 )
 def test_weighted_backend_bad_inputs(weighted, what, change, error, pattern):
@@ -223,7 +234,7 @@ def test_weighted_backend_bad_inputs(weighted, what, change, error, pattern):
     call.update(change)
     with pytest.raises(error) as info:
         frontier_generate(**call)
-    assert re.search(pattern, str(info.value)), f"{pattern!r} not found in {str(info.value)!r}"
+    assert re.fullmatch(pattern, str(info.value)), f"{pattern!r} is not the whole message {str(info.value)!r}"
     assert b.calls == 0
 
 
@@ -289,3 +300,45 @@ def test_backend_continues_from_its_cache(backend_name):
         # Same tree as drafting the whole context in one go.
         whole = frontier_generate(cfg, f, backend=backend_name, input_ids=ids, **kwargs)
         assert whole.same_tree(second)
+
+
+# ----------------------------------------------------------------------------------------------
+# A list of features drafts a ragged batch: every argument reaches it
+# ----------------------------------------------------------------------------------------------
+def test_a_list_of_features_drafts_a_batch_with_every_argument_passed_on():
+    g = torch.Generator().manual_seed(2)
+    fs = [torch.randn(1, n, 24, generator=g) for n in (2, 4)]
+    ids = [torch.randint(0, 100, (1, n + 1), generator=g) for n in (2, 4)]
+    frs = frontier_generate(CFG, fs, "stub", input_ids=ids, sampling=True, padded=True, seed=5)
+    for b in range(2):
+        alone = frontier_generate(CFG, fs[b], "stub", input_ids=ids[b], sampling=True, padded=True, seed=5)
+        assert frs[b].same_tree(alone) and frs[b].padded
+        assert torch.equal(frs[b].retrieve_indices, alone.retrieve_indices)
+    with pytest.raises(InputError, match=r"^sequence 0: unknown option 'bogus' for backend 'stub'"):
+        frontier_generate(CFG, fs, "stub", bogus=1)
+    with pytest.raises(InputError, match=r"^fallback must be True or False, got fallback='yes'$"):
+        frontier_generate(CFG, fs, "stub", fallback="yes")
+    with pytest.raises(InputError, match=r"^lm_head= goes with ea_layer= "):
+        frontier_generate(CFG, fs, "stub", lm_head=torch.zeros(2, 2))
+    with pytest.raises(InputError, match=r"^pass either weights= or ea_layer=, not both$"):
+        frontier_generate(CFG, fs, "stub", weights="w", ea_layer=object())
+    with pytest.raises(InputError, match=(
+        r"^with a batch of features, cache must be a BatchDraftCache or a list of DraftCache/None$"
+    )):
+        frontier_generate(CFG, fs, "stub", cache=object())
+
+
+def test_a_batch_with_weights_and_caches():
+    cfg = random_config(total_token=6, depth=2, top_k=2, vocab_size=20, hidden_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, intermediate_size=8)
+    w = random_weights(cfg, seed=2)
+    g = torch.Generator().manual_seed(3)
+    fs = [torch.randn(1, n, cfg.feature_size, generator=g) for n in (3, 2)]
+    ids = [torch.randint(0, 20, (1, n + 1), generator=g) for n in (3, 2)]
+    frs = frontier_generate(cfg, fs, "torch_ref", input_ids=ids, weights=w, cache_max_length=7)
+    assert [fr.cache.max_length for fr in frs] == [7, 7] and [fr.cache.length for fr in frs] == [3, 2]
+    bc = frontier.BatchDraftCache(cfg, 2, max_length=9, dtype=torch.float32, device="cpu")
+    frs = frontier_generate(cfg, fs, "torch_ref", input_ids=ids, weights=w, cache=bc)
+    assert frs[0].cache is bc[0] and frs[1].cache is bc[1] and bc.lengths == [3, 2]
+    single = frontier_generate(cfg, fs[0], "torch_ref", input_ids=ids[0], weights=w, cache_max_length=3)
+    assert single.cache.max_length == 3 and single.cache.length == 3
