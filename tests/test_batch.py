@@ -237,3 +237,95 @@ def test_fresh_batch_cache_for_a_weighted_backend():
     one = [frontier.DraftCache.for_config(cfg, max_length=8, dtype=torch.float32, device="cpu"), None]
     frs = frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w, caches=one)
     assert frs[0].cache is one[0] and one[0].length == 3 and frs[1].cache.length == 5
+
+
+
+def test_batch_defaults_match_frontier_generate():
+    cfg = frontier.FrontierConfig(total_token=12, depth=3, top_k=3, vocab_size=50, hidden_size=8)
+    g = torch.Generator().manual_seed(4)
+    feats = [torch.randn(1, n, cfg.feature_size, generator=g) for n in (3, 2)]
+    frs = frontier_generate_batch(cfg, feats)
+    for b in range(2):
+        alone = frontier_generate(cfg, feats[b])  # stub, seed 0, greedy order, unpadded
+        assert frs[b].same_tree(alone) and frs[b].padded is False
+        assert not frs[b].same_tree(frontier_generate(cfg, feats[b], seed=1))
+        assert not frs[b].same_tree(frontier_generate(cfg, feats[b], sampling=True))
+
+
+def test_batch_names_the_backend_and_the_sequence():
+    cfg = frontier.FrontierConfig(total_token=9, depth=3, top_k=3, vocab_size=50, hidden_size=8)
+    f = torch.randn(1, 2, cfg.feature_size)
+    with pytest.raises(InputError, match=r"^sequence 0: backend 'stub' runs on cpu, cuda; features_concat is on meta$"):
+        frontier_generate_batch(cfg, [f.to("meta"), f.to("meta")], "stub")
+    with pytest.raises(InputError, match=r"^caches must be distinct objects: two sequences cannot share one draft cache$"):
+        shared = frontier.DraftCache(1, 1, 2, 4, dtype=torch.float32, device="cpu")
+        frontier_generate_batch(cfg, [f, f], "stub", caches=[shared, shared])
+    with pytest.raises(InputError, match=r"^pass either weights= or ea_layer=, not both$"):
+        frontier_generate_batch(cfg, [f, f], "stub", weights="w", ea_layer=object())
+
+    class Unavailable(frontier.Backend):
+        def availability(self):
+            return False, "not today"
+
+        def generate(self, request):  # pragma: no cover - never reached
+            raise AssertionError
+
+    class Liar(frontier.Backend):
+        def generate(self, request):
+            return "a tree"
+
+    frontier.register_backend("unavailable_b", Unavailable())
+    frontier.register_backend("liar_b", Liar())
+    try:
+        with pytest.raises(frontier.BackendUnavailableError, match=r"^backend 'unavailable_b' cannot run here: not today$"):
+            frontier_generate_batch(cfg, [f, f], "unavailable_b")  # no fallback by default
+        with pytest.raises(frontier.FrontierError, match=r"backend 'liar_b' returned str, expected a Frontier"):
+            frontier_generate_batch(cfg, [f, f], "liar_b")
+    finally:
+        frontier.unregister_backend("unavailable_b")
+        frontier.unregister_backend("liar_b")
+
+
+def test_a_backend_without_declarations_gets_no_cache():
+    class Plain:
+        def availability(self):
+            return True, ""
+
+        def generate(self, request):
+            from frontier.backends.stub import StubBackend
+
+            return StubBackend().generate(request)
+
+    cfg = frontier.FrontierConfig(total_token=9, depth=3, top_k=3, vocab_size=50, hidden_size=8)
+    frontier.register_backend("plain_b", Plain())
+    try:
+        frs = frontier_generate_batch(cfg, [torch.randn(1, 2, 24), torch.randn(1, 3, 24)], "plain_b")
+        assert [fr.cache for fr in frs] == [None, None]
+    finally:
+        frontier.unregister_backend("plain_b")
+
+
+def test_batch_validates_the_shared_weights_once(monkeypatch):
+    cfg = random_config(**TINY)
+    w = random_weights(cfg, seed=1, dtype=torch.float64)
+    calls = []
+    original = type(w).validate
+
+    def counting(self, c):
+        calls.append(c)
+        return original(self, c)
+
+    monkeypatch.setattr(type(w), "validate", counting)
+    g = torch.Generator().manual_seed(5)
+    feats = [torch.randn(1, n, cfg.feature_size, generator=g, dtype=torch.float64) for n in (2, 3, 1)]
+    ids = [torch.randint(0, 16, (1, n + 1), generator=g) for n in (2, 3, 1)]
+    frs = frontier_generate_batch(cfg, feats, "torch_ref", input_ids=ids, weights=w)
+    assert len(calls) == 1
+    assert frs[0].cache.dtype == torch.float64 and frs[2].cache.device == torch.device("cpu")
+    with pytest.raises(frontier.WeightsError, match=r"^sequence 0: weights: tensor 'midlayer\.mlp\.gate_proj\.weight' has shape "):
+        frontier_generate_batch(cfg.replace(intermediate_size=4), feats, "torch_ref", input_ids=ids, weights=w)
+
+
+def test_batch_draft_cache_on_the_requested_device():
+    bc = BatchDraftCache(random_config(**TINY), 2, max_length=3, dtype=torch.float32, device="meta")
+    assert bc.k.device.type == "meta" and bc.v.device.type == "meta" and bc[1].device.type == "meta"
