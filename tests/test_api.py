@@ -342,3 +342,138 @@ def test_a_batch_with_weights_and_caches():
     assert frs[0].cache is bc[0] and frs[1].cache is bc[1] and bc.lengths == [3, 2]
     single = frontier_generate(cfg, fs[0], "torch_ref", input_ids=ids[0], weights=w, cache_max_length=3)
     assert single.cache.max_length == 3 and single.cache.length == 3
+
+
+
+def test_defaults_are_the_stub_seed_0_greedy_unpadded():
+    f = feats()
+    fr = frontier_generate(CFG, f)
+    assert fr.same_tree(frontier_generate(CFG, f, "stub", seed=0, sampling=False, padded=False))
+    assert fr.padded is False and fr.retrieve_indices.shape[0] == int(fr.leaf_count)
+    assert not fr.same_tree(frontier_generate(CFG, f, seed=1))
+    assert not fr.same_tree(frontier_generate(CFG, f, sampling=True))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert int(frontier_generate(CFG, f, input_ids=ids).draft_tokens[0, 0]) == 8
+
+
+# ----------------------------------------------------------------------------------------------
+# What a backend returns is checked before the caller sees it (types, shapes, devices, the cache)
+# ----------------------------------------------------------------------------------------------
+class Tamper(Backend):
+    """The stub's tree, changed by ``change(frontier, request)`` before it is returned."""
+
+    devices = ("cpu",)
+    dtypes = (torch.float32,)
+
+    def __init__(self, change, requires_weights=False):
+        self.change = change
+        self.requires_weights = requires_weights
+
+    def generate(self, request):
+        fr = StubBackend().generate(request)
+        return self.change(fr, request) or fr
+
+
+def _set(**fields):
+    def change(fr, request):
+        for name, value in fields.items():
+            setattr(fr, name, value(fr) if callable(value) else value)
+    return change
+
+
+MALFORMED = [
+    ("tokens not a tensor", _set(draft_tokens=lambda fr: fr.draft_tokens.tolist()), False,
+     "draft_tokens is list, not a tensor"),
+    ("mask not a tensor", _set(tree_mask=None), False, "tree_mask is NoneType, not a tensor"),
+    ("retrieve on meta", _set(retrieve_indices=lambda fr: fr.retrieve_indices.to("meta")), False,
+     "retrieve_indices is on meta, the inputs on cpu"),
+    ("positions on meta", _set(tree_position_ids=lambda fr: fr.tree_position_ids.to("meta")), False,
+     "tree_position_ids is on meta, the inputs on cpu"),
+    ("tokens short", _set(draft_tokens=lambda fr: fr.draft_tokens[:, :-1]), False,
+     r"draft_tokens must be \[1, 20\] int64, got \[1, 19\] torch.int64"),
+    ("tokens 1-D", _set(draft_tokens=lambda fr: fr.draft_tokens[0]), False,
+     r"draft_tokens must be \[1, 20\] int64, got \[20\] torch.int64"),
+    ("tokens int32", _set(draft_tokens=lambda fr: fr.draft_tokens.int()), False,
+     r"draft_tokens must be \[1, 20\] int64, got \[1, 20\] torch.int32"),
+    ("mask int", _set(tree_mask=lambda fr: fr.tree_mask.long()), False,
+     r"tree_mask must be a float \[1, 1, 20, 20\], got \[1, 1, 20, 20\] torch.int64"),
+    ("mask 2-D", _set(tree_mask=lambda fr: fr.tree_mask[0, 0]), False,
+     r"tree_mask must be a float \[1, 1, 20, 20\], got \[20, 20\] torch.float32"),
+    ("positions short", _set(tree_position_ids=lambda fr: fr.tree_position_ids[1:]), False,
+     r"tree_position_ids must be \[20\] int64, got \[19\] torch.int64"),
+    ("positions int32", _set(tree_position_ids=lambda fr: fr.tree_position_ids.int()), False,
+     r"tree_position_ids must be \[20\] int64, got \[20\] torch.int32"),
+    ("retrieve 1-D", _set(retrieve_indices=lambda fr: fr.retrieve_indices[0]), False,
+     r"retrieve_indices must be 2-D int64, got \[\d+\] torch.int64"),
+    ("retrieve int32", _set(retrieve_indices=lambda fr: fr.retrieve_indices.int()), False,
+     r"retrieve_indices must be 2-D int64, got \[\d+, \d+\] torch.int32"),
+    ("padded too narrow", _set(retrieve_indices=lambda fr: fr.retrieve_indices[:, :-1]), True,
+     r"padded retrieve_indices must be \[20, 5\], got \[20, 4\]"),
+    ("padded too short", _set(retrieve_indices=lambda fr: fr.retrieve_indices[:-1]), True,
+     r"padded retrieve_indices must be \[20, 5\], got \[19, 5\]"),
+    ("too many rows", _set(retrieve_indices=lambda fr: torch.zeros(21, 2, dtype=torch.int64)), False,
+     r"retrieve_indices must be \[leaves <= 20, columns <= 5\], got \[21, 2\]"),
+    ("no rows", _set(retrieve_indices=lambda fr: torch.zeros(0, 2, dtype=torch.int64)), False,
+     r"retrieve_indices must be \[leaves <= 20, columns <= 5\], got \[0, 2\]"),
+    ("too many columns", _set(retrieve_indices=lambda fr: torch.zeros(3, 6, dtype=torch.int64)), False,
+     r"retrieve_indices must be \[leaves <= 20, columns <= 5\], got \[3, 6\]"),
+    ("no columns", _set(retrieve_indices=lambda fr: torch.zeros(3, 0, dtype=torch.int64)), False,
+     r"retrieve_indices must be \[leaves <= 20, columns <= 5\], got \[3, 0\]"),
+]
+
+
+@pytest.mark.parametrize("what,change,padded,problem", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_results_are_refused_with_the_backend_named(clean_registry, what, change, padded, problem):
+    register_backend("tamper", Tamper(change))
+    with pytest.raises(frontier.InvariantError, match=rf"^backend 'tamper' returned a malformed Frontier: {problem}$"):
+        frontier_generate(CFG, feats(), backend="tamper", padded=padded)
+
+
+def test_boundary_shapes_of_retrieve_indices_pass(clean_registry):
+    for rows, cols in ((1, 1), (20, 5)):
+        register_backend(f"edge{rows}", Tamper(_set(retrieve_indices=torch.zeros(rows, cols, dtype=torch.int64))))
+        fr = frontier_generate(CFG, feats(), backend=f"edge{rows}")
+        assert fr.retrieve_indices.shape == (rows, cols)
+
+
+def test_the_callers_cache_must_come_back_advanced(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+
+    def call(change):
+        register_backend("tamper_w", Tamper(change, requires_weights=True))
+        cache = frontier.DraftCache.for_config(LAYER_CFG, max_length=16, dtype=torch.float32, device="cpu")
+        try:
+            return frontier_generate(LAYER_CFG, f, backend="tamper_w", input_ids=ids, weights=w, cache=cache), cache
+        finally:
+            registry._entries.pop("tamper_w")
+
+    def advance(fr, request):
+        request.cache.length = request.cache.length + request.num_new
+        fr.cache = request.cache
+
+    fr, cache = call(advance)
+    assert fr.cache is cache and cache.length == 6
+    for change, problem in (
+        (lambda fr, r: None, "cache is NoneType, expected the DraftCache the call appended to"),
+        (_set(cache=lambda fr: frontier.DraftCache(1, 1, 2, 4, dtype=torch.float32, device="cpu")),
+         "cache is not the DraftCache passed in"),
+        (lambda fr, r: setattr(fr, "cache", r.cache), r"the cache holds 0 rows after the call, expected 0 \+ n=6"),
+        (lambda fr, r: (setattr(fr, "cache", r.cache), setattr(r.cache, "length", 7)) and None,
+         r"the cache holds 7 rows after the call, expected 0 \+ n=6"),
+    ):
+        with pytest.raises(frontier.InvariantError, match=rf"^backend 'tamper_w' returned a malformed Frontier: {problem}$"):
+            call(change)
+
+
+def test_a_batch_backend_must_return_one_frontier_per_sequence(clean_registry):
+    class Short(Backend):
+        def generate(self, request):  # pragma: no cover - the batch method is used
+            raise AssertionError
+
+        def generate_batch(self, requests):
+            return [StubBackend().generate(requests[0])]
+
+    register_backend("short", Short())
+    with pytest.raises(frontier.InvariantError, match=r"^backend 'short' must return one Frontier per sequence \(2\)$"):
+        frontier_generate(CFG, [feats(), feats()], backend="short")
