@@ -17,11 +17,26 @@ import frontier  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 
 
+def _slow_case(item) -> bool:
+    """Whether a ``slow_case(**params)`` mark of ``item`` matches its parameters: every named
+    parameter (a test parameter or a parametrized fixture such as ``backend_name``) equal to the
+    given value, or in it where the value is a list."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for mark in item.iter_markers("slow_case"):
+        if all(k in params and (params[k] in v if isinstance(v, list) else params[k] == v)
+               for k, v in mark.kwargs.items()):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if _slow_case(item):
+            item.add_marker(pytest.mark.slow)
 
 
 def registered_backends() -> list[str]:
