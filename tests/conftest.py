@@ -17,6 +17,60 @@ import frontier  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 
 
+def _patch_the_language_once_per_launch() -> None:
+    """Under TRITON_INTERPRET=1 each call of a device function (a ``@triton.jit`` function called
+    from a kernel) patches ``triton.language`` again (``interpreter._patch_lang``), although the
+    launch running it (``GridExecutor``) has patched the same modules for its whole grid: about a
+    third of the interpreted kernels' time in these tests. Here, within a launch, a device function
+    whose language modules have been patched in that launch already skips the patch; everything
+    else (and any Triton whose interpreter is laid out otherwise) runs as it comes. The patch swaps
+    the language's builtins for the interpreter's, which are then swapped already, so what the
+    kernels compute is unchanged (an unswapped builtin would raise, not compute otherwise)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    real_patch = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if real_patch is None or executor is None or getattr(real_patch, "once_per_launch", False):
+        return
+    real_launch = executor.__call__
+    state = {"launch": False, "langs": None}  # inside a launch; the modules its own patch covers
+
+    class _Unpatched:
+        def restore(self):
+            pass
+
+    def langs(fn):
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def patch_lang(fn):
+        mine = langs(fn)
+        if state["langs"] is not None and mine <= state["langs"]:
+            return _Unpatched()
+        scope = real_patch(fn)
+        if state["launch"]:  # the launch's own patch (undone when it ends) or a device function's (kept)
+            state["langs"] = mine | (state["langs"] or set())
+        return scope
+
+    def launch(self, *args, **kwargs):
+        outer = dict(state)
+        state.update(launch=True, langs=None)
+        try:
+            return real_launch(self, *args, **kwargs)
+        finally:
+            state.update(outer)
+
+    patch_lang.once_per_launch = True
+    interpreter._patch_lang = patch_lang
+    executor.__call__ = launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_the_language_once_per_launch()
+
+
 def _slow_case(item) -> bool:
     """Whether a ``slow_case(**params)`` mark of ``item`` matches its parameters: every named
     parameter (a test parameter or a parametrized fixture such as ``backend_name``) equal to the
