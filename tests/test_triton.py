@@ -253,7 +253,8 @@ def test_gpu_barrier_variants_hold_every_program_and_draft_alike(barrier):
     _assert_same_launch(ref, got)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow),
+                                  pytest.param(2, marks=pytest.mark.slow)])
 def test_kernel_tree_packing_equals_pack_tree(seed):
     # the final phase packs the tree itself (greedy); pack="torch" uses frontier.tree.pack_tree
     cfg = random_config(total_token=11 + seed, depth=3 + seed % 2, top_k=3, vocab_size=40)
@@ -376,7 +377,7 @@ def _arch_config(arch, target_vocab, **over):
     return random_config(architecture=arch, **over)
 
 
-@pytest.mark.parametrize("seed", [31, 47])
+@pytest.mark.parametrize("seed", [31, pytest.param(47, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("arch,sampling", [("eagle3", False), ("eagle2", True)])
 def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=3, vocab_size=56)
@@ -385,7 +386,8 @@ def test_batch_on_separate_caches_matches_torch_ref(arch, sampling, seed):
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=2, sampling=sampling)
 
 
-@pytest.mark.parametrize("arch,seed", [("eagle3", 63), ("eagle2", 63), ("eagle3", 81)])
+@pytest.mark.parametrize("arch,seed", [("eagle3", 63), pytest.param("eagle2", 63, marks=pytest.mark.slow),
+                                      pytest.param("eagle3", 81, marks=pytest.mark.slow)])
 def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
     """Wide launches run the context step's fc and QKV on their own smaller activation tile
     (``Tuning.ctx_rows``: BMC rows, own k-chunks and fold) when the call's new rows fit in it,
@@ -416,7 +418,8 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreter's 2-program grid and step launches (GPU twin: "
                     "test_gpu_wide_context_step_builds_match_torch_ref)")
-@pytest.mark.parametrize("arch,seed", [("eagle3", 91), ("eagle2", 93), ("eagle3", 95)])
+@pytest.mark.parametrize("arch,seed", [pytest.param("eagle3", 91, marks=pytest.mark.slow), ("eagle2", 93),
+                                      pytest.param("eagle3", 95, marks=pytest.mark.slow)])
 def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch):
     """Step launches give the context step's phases over one row per sequence builds of their
     own (``Tuning.ctx_builds``, ``LaunchPlan.ctx_const``): in wide plans gate/up and the lm_head
@@ -593,7 +596,8 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
 
 
-@pytest.mark.parametrize("arch,seed", [("eagle3", 67), ("eagle2", 67), ("eagle3", 85)])
+@pytest.mark.parametrize("arch,seed", [("eagle3", 67), pytest.param("eagle2", 67, marks=pytest.mark.slow),
+                                      pytest.param("eagle3", 85, marks=pytest.mark.slow)])
 def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch, seed):
     """Wide launches let the phase after each split-K phase sum its partials itself - RoPE the
     QKV's, the post-attention norm the o_proj's, eagle3's final norm down's
@@ -658,7 +662,7 @@ def _fold_config(arch="eagle3"):
                          intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, **over)
 
 
-@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+@pytest.mark.parametrize("arch", ["eagle3", pytest.param("eagle2", marks=pytest.mark.slow)])
 def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     """``Tuning.lin_fold`` folds each k-chunk of the unsplit fc / o_proj / down streams F ways
     (``kernels._stream_folded``: a taller dot whose diagonal blocks are summed after the
@@ -739,7 +743,7 @@ def test_gpu_deeper_folded_pipeline_drafts_alike(seed):
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=2)
 
 
-@pytest.mark.parametrize("seed", [61, 73])
+@pytest.mark.parametrize("seed", [61, pytest.param(73, marks=pytest.mark.slow)])
 def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
     """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
     6 sequences x top_k 6 = 36 rows as 32 + 16 instead of one 64-row tile, so every weight chunk
@@ -769,7 +773,8 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
 
 
-@pytest.mark.parametrize("seed,hidden,heads,kv_heads", [(83, 32, 4, 2), (97, 30, 3, 1)])
+@pytest.mark.parametrize("seed,hidden,heads,kv_heads",
+                         [pytest.param(83, 32, 4, 2, marks=pytest.mark.slow), (97, 30, 3, 1)])
 def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, heads, kv_heads):
     """Narrow eagle3 launches stream the next depth's QKV over the hidden half of its input during
     MERGE (``Tuning.qkv_ahead``) and the QKV phase only over the embedding half plus each row's
@@ -817,7 +822,9 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
 
 
 @pytest.mark.parametrize("arch,fused,seed,hidden,heads,kv_heads",
-                         [("eagle3", False, 61, 32, 4, 2), ("eagle2", True, 71, 32, 4, 2), ("eagle3", False, 83, 30, 3, 1)])
+                         [pytest.param("eagle3", False, 61, 32, 4, 2, marks=pytest.mark.slow),
+                          ("eagle2", True, 71, 32, 4, 2),
+                          pytest.param("eagle3", False, 83, 30, 3, 1, marks=pytest.mark.slow)])
 def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed, hidden, heads, kv_heads):
     """Step launches build the kernel for each entry's phase alone (``Tuning.phase_kernels``) and
     give the phases that loop over a few items no more programs than items (``step_grids``):
@@ -908,6 +915,7 @@ def test_tuning_overrides_parse_each_field_as_its_type():
             Tuning.overrides([bad])
 
 
+@pytest.mark.slow
 def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     """``Tuning(pdl=True)`` under the interpreter (and on a CPU) makes plain step launches: the
     same trees, scores and cache rows as without it."""
@@ -922,8 +930,10 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     _assert_same_bits(a, b)
 
 
-@pytest.mark.parametrize("arch,batch,grid,seed", [("eagle3", 1, 12, 31), ("eagle3", 3, 2, 37), ("eagle2", 3, 12, 41),
-                                                   ("eagle2", 2, 5, 43)])
+@pytest.mark.parametrize("arch,batch,grid,seed", [pytest.param("eagle3", 1, 12, 31, marks=pytest.mark.slow),
+                                                   ("eagle3", 3, 2, 37),
+                                                   pytest.param("eagle2", 3, 12, 41, marks=pytest.mark.slow),
+                                                   pytest.param("eagle2", 2, 5, 43, marks=pytest.mark.slow)])
 def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid, seed):
     """``Tuning.select_in_merge`` (narrow launches): the MERGE program that merges a sequence's
     last row runs its SELECT, and the schedule has no SELECT entry. Over three calls on one
@@ -972,7 +982,9 @@ def test_pack_slabs_lays_out_each_program_slab_chunk_by_chunk(n, kd, grid, rp, b
     assert torch.equal(pack_slabs(w.t().contiguous().t(), grid, rp, bk), out)  # a column-major weight alike
 
 
-@pytest.mark.parametrize("arch,hidden,grid,seed", [("eagle3", 32, 2, 21), ("eagle3", 30, 5, 23), ("eagle2", 40, 3, 25)])
+@pytest.mark.parametrize("arch,hidden,grid,seed", [("eagle3", 32, 2, 21),
+                                                  pytest.param("eagle3", 30, 5, 23, marks=pytest.mark.slow),
+                                                  pytest.param("eagle2", 40, 3, 25, marks=pytest.mark.slow)])
 def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, seed):
     """``Tuning.pack_weights``: launches whose tree rows fit one BM-row tile stream gate, up and
     the lm_head from copies packed per slab (``pack_slabs``), addressed by ``_slab_base``. The
@@ -1053,6 +1065,7 @@ def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():
                         else {(False, False), (False, True)}), (arch, seen)
 
 
+@pytest.mark.slow
 def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits(monkeypatch):
     """A graph is captured with its per-row launches sized for the workspace's row capacity and
     replayed for any N up to it: the kernel reads N from the metadata, and programs past the
@@ -1605,7 +1618,8 @@ def test_merge_with_32_bit_keys_matches_64_bit_keys(seed, rows, vocab, P, grid):
     assert ((tok >= 0) & (tok < vocab)).all() and all(len(set(t.tolist())) == K for t in tok)
 
 
-@pytest.mark.parametrize("seed,rows,vocab,grid", [(5, 6, 200, 4), (12, 9, 77, 2), (6, 3, 40, 5)])
+@pytest.mark.parametrize("seed,rows,vocab,grid",
+                         [pytest.param(5, 6, 200, 4, marks=pytest.mark.slow), (12, 9, 77, 2), (6, 3, 40, 5)])
 def test_merge_rows_rank_every_log_prob(seed, rows, vocab, grid):
     """MERGE from the wide lm_head's logits scratch (``kernels._ph_merge_rows``,
     ``Tuning.merge_rows``) returns each row's top-K of ``log_softmax`` rounded to the dtype,
@@ -1636,6 +1650,7 @@ def test_merge_rows_rank_every_log_prob(seed, rows, vocab, grid):
     assert torch.equal(order[0], torch.arange(7, 7 + K))  # the tie of the row's best logit
 
 
+@pytest.mark.slow  # (every wide launch merges from the logits scratch; in one chunk in the default run's tests)
 @pytest.mark.parametrize("arch,seed", [("eagle3", 71), ("eagle2", 73)])
 def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     """Wide launches with MERGE ranking each row from the lm_head's logits scratch
@@ -1704,7 +1719,7 @@ def test_merge_keys_and_row_grids_draft_the_same_bits():
     assert not key32(torch.float32, 300) and not key32(torch.bfloat16, 65537)
 
 
-@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("wide", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
     """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with the
     lm_head's 32-bit ranking keys (``Tuning.lm_key32``) as with 64-bit ones: a wide launch (logits
