@@ -4,6 +4,7 @@ validation error's message, atomicity, ``frontier inspect`` and ``frontier demo 
 from __future__ import annotations
 
 import json
+import re
 import os
 import warnings
 from pathlib import Path
@@ -840,3 +841,197 @@ def test_bench_times_a_local_head(tmp_path, capsys):
         assert "needs a CUDA GPU" in capsys.readouterr().err
     assert main(["bench", "--target", str(target)]) == 2
     assert "--target goes with --head" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# The validation helpers, case by case: config JSON, shard names, RoPE settings, dimensions
+# ----------------------------------------------------------------------------------------------
+from frontier.loading import (  # noqa: E402
+    MAX_JSON_BYTES,
+    HeadDims,
+    _raise_problems,
+    _read_json,
+    _read_json_file,
+    _rope_from_config,
+    _shard_name,
+    _weight_of,
+)
+
+
+def test_read_json_file_reads_regular_files_only(tmp_path):
+    good = tmp_path / "config.json"
+    good.write_text('{"a": [1, 2]}')
+    assert _read_json_file(good, "head config") == {"a": [1, 2]}
+    with pytest.raises(FileNotFoundError):
+        _read_json_file(tmp_path / "missing.json", "head config")
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "nowhere.json")
+    with pytest.raises(WeightsError, match=rf"^head config {str(dangling)!r} is a symlink to {str(tmp_path / 'nowhere.json')!r}, which does not exist$"):
+        _read_json_file(dangling, "head config")
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    with pytest.raises(WeightsError, match=rf"^head config {str(loop)!r} cannot be opened: Too many levels of symbolic links$"):
+        _read_json_file(loop, "head config")
+    with pytest.raises(WeightsError, match=rf"^index {str(tmp_path)!r} is not a regular file$"):
+        _read_json_file(tmp_path, "index")
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * MAX_JSON_BYTES + b"{}")
+    with pytest.raises(WeightsError, match=rf"^head config {str(big)!r} is larger than {MAX_JSON_BYTES} bytes; that is no config file$"):
+        _read_json_file(big, "head config")
+    exactly = tmp_path / "exact.json"
+    exactly.write_bytes(b"{}" + b" " * (MAX_JSON_BYTES - 2))
+    assert _read_json_file(exactly, "head config") == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(WeightsError, match=rf"^head config {str(bad)!r} is not valid JSON: JSONDecodeError: Expecting property name"):
+        _read_json_file(bad, "head config")
+
+
+def test_read_json_wants_an_object(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("[1, 2]")
+    with pytest.raises(WeightsError, match=rf"^target config {str(cfg)!r} must hold a JSON object, got list$"):
+        _read_json(cfg, "target")
+    with pytest.raises(WeightsError, match=(
+        rf"^head config {str(tmp_path / 'none.json')!r} not found \(a head directory holds config.json \+ weights\)$"
+    )):
+        _read_json(tmp_path / "none.json", "head")
+    cfg.write_text('{"hidden_size": 8}')
+    assert _read_json(cfg, "head") == {"hidden_size": 8}
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "shards/model-00001-of-00002.safetensors", "a..b.bin"])
+def test_shard_names_inside_the_checkpoint_pass(name):
+    assert _shard_name(name, Path("/ckpt/model.safetensors.index.json"), "head") == name
+
+
+@pytest.mark.parametrize("name", [3, None, "", ["a"]])
+def test_shard_names_must_be_non_empty_strings(name):
+    with pytest.raises(WeightsError, match=(
+        rf"^head index '/ckpt/i.json' maps a tensor to {re.escape(repr(name))}; shard names are file names$"
+    )):
+        _shard_name(name, Path("/ckpt/i.json"), "head")
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.bin", "a/../../b.bin", "\\server\\x.bin", "a\\b.bin",
+                                  "C:x.bin", "a:b"])
+def test_shard_names_leaving_the_checkpoint_are_refused(name):
+    with pytest.raises(WeightsError, match=(
+        rf"^target index '/ckpt/i.json' names shard {re.escape(repr(name))}, which is not a relative path inside "
+        r"the checkpoint directory$"
+    )):
+        _shard_name(name, Path("/ckpt/i.json"), "target")
+
+
+UNSUPPORTED = (
+    "w: rope_scaling type {kind!r} is not supported (frontier drafts with rope_scaling null or "
+    "{{'type': 'linear', 'factor': f}}; the public EAGLE config accepts only 'linear'/'dynamic'), "
+    "got rope_scaling={scaling}. To draft anyway with plain RoPE (rope_theta={theta}), pass "
+    "config_overrides={{'rope_scaling': None}} (CLI: --override rope_scaling=null); the tree then differs "
+    "from what a head trained with this scaling would draft"
+)
+
+
+@pytest.mark.parametrize("cfg,want", [
+    ({}, (10000.0, None, None)),
+    ({"rope_theta": 500000}, (500000.0, None, None)),
+    ({"rope_theta": 3.0, "rope_parameters": {"rope_theta": 5.0}}, (3.0, None, None)),
+    ({"rope_parameters": {"rope_theta": 7.0, "rope_type": "default"}, "rope_scaling": {"rope_theta": 9.0}},
+     (7.0, None, None)),
+    ({"rope_scaling": {"rope_theta": 9.0}}, (9.0, None, None)),
+    ({"rope_parameters": 5, "rope_scaling": None}, (10000.0, None, None)),
+    ({"rope_parameters": {"rope_theta": 10.0}}, (10.0, None, None)),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 10.0}},
+     (10.0, {"type": "linear", "factor": 2.0}, None)),
+    ({"rope_scaling": {"type": "linear", "factor": 4}}, (10000.0, {"type": "linear", "factor": 4.0}, None)),
+    ({"rope_scaling": {"rope_type": "linear", "type": "dynamic", "factor": 0.5}},
+     (10000.0, {"type": "linear", "factor": 0.5}, None)),
+    ({"rope_scaling": {"type": "default"}}, (10000.0, None, None)),
+    ({"rope_scaling": {}}, (10000.0, None, None)),
+    ({"rope_theta": 0}, (10000.0, None, "w: 'rope_theta' must be a positive number, got 0")),
+    ({"rope_theta": -1.5}, (10000.0, None, "w: 'rope_theta' must be a positive number, got -1.5")),
+    ({"rope_theta": True}, (10000.0, None, "w: 'rope_theta' must be a positive number, got True")),
+    ({"rope_theta": "1e4"}, (10000.0, None, "w: 'rope_theta' must be a positive number, got '1e4'")),
+    ({"rope_scaling": [1]}, (10000.0, None, "w: 'rope_scaling' must be null or an object, got [1]")),
+    ({"rope_scaling": {"type": "linear", "factor": 0}},
+     (10000.0, None, "w: rope_scaling 'linear' needs a positive 'factor', got rope_scaling={'type': 'linear', 'factor': 0}")),
+    ({"rope_scaling": {"type": "linear", "factor": True}},
+     (10000.0, None, "w: rope_scaling 'linear' needs a positive 'factor', got rope_scaling={'type': 'linear', 'factor': True}")),
+    ({"rope_scaling": {"type": "linear"}},
+     (10000.0, None, "w: rope_scaling 'linear' needs a positive 'factor', got rope_scaling={'type': 'linear'}")),
+    ({"rope_theta": 20.0, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     (20.0, None, UNSUPPORTED.format(kind="dynamic", scaling={"type": "dynamic", "factor": 2.0}, theta=20.0))),
+    ({"rope_scaling": {"rope_type": "default", "factor": 2.0}},
+     (10000.0, None, UNSUPPORTED.format(kind="default", scaling={"rope_type": "default", "factor": 2.0}, theta=10000.0))),
+    ({"rope_scaling": {"factor": 2.0}},
+     (10000.0, None, UNSUPPORTED.format(kind=None, scaling={"factor": 2.0}, theta=10000.0))),
+])
+def test_rope_from_config(cfg, want):
+    got = _rope_from_config(cfg, "w")
+    assert got == want and type(got[0]) is float
+
+
+def test_raise_problems():
+    _raise_problems([], Path("/h"))
+    with pytest.raises(WeightsError, match=r"^the one problem$"):
+        _raise_problems(["the one problem"], Path("/h"))
+    with pytest.raises(WeightsError) as info:
+        _raise_problems(["a", "b"], Path("/h"))
+    assert str(info.value) == "cannot load the draft head in '/h': 2 problems:\n  a\n  b"
+    with pytest.raises(WeightsError) as info:
+        _raise_problems([f"p{i}" for i in range(12)], Path("/h"))
+    assert str(info.value).endswith("\n  p11") and "more" not in str(info.value)
+    with pytest.raises(WeightsError) as info:
+        _raise_problems([f"p{i}" for i in range(14)], Path("/h"))
+    assert str(info.value) == (
+        "cannot load the draft head in '/h': 14 problems:\n  " + "\n  ".join(f"p{i}" for i in range(12))
+        + "\n  ... and 2 more"
+    )
+
+
+def test_weight_of():
+    t = torch.ones(2, 3, requires_grad=True)
+    assert torch.equal(_weight_of(t, "lm_head"), t) and not _weight_of(t, "lm_head").requires_grad
+    lin = torch.nn.Linear(3, 2, bias=False)
+    w = _weight_of(lin, "lm_head")
+    assert w.data_ptr() == lin.weight.data_ptr() and not w.requires_grad
+
+    class NoTensor:
+        weight = [1.0]
+
+    for bad, kind in ((object(), "object"), (NoTensor(), "NoTensor"), (None, "NoneType")):
+        with pytest.raises(InputError, match=rf"^embed_tokens must be a torch.Tensor or a module with .weight, got {kind}$"):
+            _weight_of(bad, "embed_tokens")
+
+
+def _dims(arch="eagle3", **changes) -> HeadDims:
+    fields = dict(architecture=arch, hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                  intermediate_size=12, feature_size=24 if arch == "eagle3" else 8, vocab_size=10, target_vocab_size=20,
+                  num_layers=1, fc_bias=arch == "eagle2", rope_theta=10000.0, rope_scaling=None, rms_norm_eps=1e-6)
+    fields.update(changes)
+    return HeadDims(**fields)
+
+
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_head_dims_byte_counts_add_up(arch):
+    dims = _dims(arch, target_vocab_size=10 if arch == "eagle2" else 20)
+    n = {k: int(torch.Size(s).numel()) for k, s in dims.expected_shapes().items()}
+    counts = dims.byte_counts(2)
+    fc = n["fc.weight"] + n.get("fc.bias", 0)
+    assert counts["total"] == 2 * sum(n.values())
+    assert counts["embedding"] == 2 * n["embed_tokens.weight"] == 2 * dims.target_vocab_size * 8
+    assert counts["lm_head"] == 2 * n["lm_head.weight"] == 2 * dims.vocab_size * 8
+    assert counts["fc"] == 2 * fc
+    assert counts["per_depth"] == counts["total"] - counts["fc"] - counts["embedding"]
+    assert counts["layer"] == counts["per_depth"] - counts["lm_head"]
+    assert dims.byte_counts(1)["total"] * 2 == counts["total"]
+    assert dims.target_hidden_size == (8 if arch == "eagle3" else 8)
+
+
+def test_head_dims_target_hidden_size_and_config():
+    assert _dims(feature_size=3 * 16).target_hidden_size == 16
+    assert _dims("eagle2").target_hidden_size == 8
+    cfg = _dims(rope_theta=5.0).frontier_config(total_token=6, depth=2, top_k=2)
+    assert (cfg.total_token, cfg.depth, cfg.top_k, cfg.vocab_size, cfg.target_vocab_size, cfg.feature_size,
+            cfg.head_dim, cfg.rope_theta, cfg.architecture) == (6, 2, 2, 10, 20, 24, 4, 5.0, "eagle3")
+    assert _dims().frontier_config(total_token=6, depth=2, top_k=2, rope_theta=7.0).rope_theta == 7.0
