@@ -253,6 +253,7 @@ CONTRACT_CONFIGS = [
 ]
 
 
+@pytest.mark.slow_case(backend_name="triton", depth=[3, 4, 5])  # interpreted: the trees of depth 1 and 2 by default
 @pytest.mark.parametrize("t,depth,k,v,vt,context", CONTRACT_CONFIGS,
                          ids=[f"T{c[0]}-D{c[1]}-K{c[2]}-V{c[3]}" for c in CONTRACT_CONFIGS])
 def test_backend_output_contract(backend_name, t, depth, k, v, vt, context):

@@ -35,6 +35,7 @@ def _kwargs(backend, cfg, seed, dtype=torch.float32, device="cpu"):
     return {}
 
 
+@pytest.mark.slow_case(backend_name="triton")  # (the default run drafts interpreted batches in test_triton.py)
 @pytest.mark.parametrize("cfg_kw", BATCH_CFGS, ids=["eagle3", "eagle2"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_ragged_batch_equals_single_sequence_drafting(backend_name, cfg_kw, seed):

@@ -170,6 +170,7 @@ def test_unpatched_model_cannot_draft(target):
         model.eagenerate(torch.tensor([[3, 4, 5]]), max_new_tokens=4)
 
 
+@pytest.mark.slow_case(backend="triton")
 @pytest.mark.parametrize("backend", runnable_backends())
 def test_patched_eagenerate_is_lossless(target, backend):
     dev = backend_device(backend)

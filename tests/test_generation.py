@@ -64,6 +64,7 @@ def oracle():
 # ----------------------------------------------------------------------------------------------
 # Lossless greedy
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.slow_case(backend_name="triton", tree=TREES[:2])  # interpreted: the depth-1 and depth-2 trees by default
 @pytest.mark.parametrize("tree", TREES, ids=lambda t: f"T{t[0]}-D{t[1]}-K{t[2]}")
 def test_greedy_lossless_every_backend(pair, tree, backend_name):
     target, _, _ = pair

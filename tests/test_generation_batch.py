@@ -76,6 +76,7 @@ def oracle():
 # ----------------------------------------------------------------------------------------------
 # Lossless greedy, per sequence
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.slow_case(backend_name="triton", tree=TREES[0])
 @pytest.mark.parametrize("tree", TREES[:3], ids=lambda t: f"T{t[0]}-D{t[1]}-K{t[2]}")
 def test_batch_greedy_equals_each_prompt_alone(pair, tree, backend_name):
     target, _, _ = pair
@@ -83,8 +84,8 @@ def test_batch_greedy_equals_each_prompt_alone(pair, tree, backend_name):
     target, w = on_backend_device(backend_name, target, _weights_for(backend_name, w))
     seeds = [0, 1, 2]
     if interpreted(backend_name):
-        if tree != TREES[0]:
-            pytest.skip("interpreted triton: one tree shape is enough")
+        if tree == TREES[1]:
+            pytest.skip("interpreted triton: the bushy tree and the depth-2 one are enough")
         seeds = [0]
     for seed in seeds:
         prompts = _ragged(1000 * seed + tree[0])
