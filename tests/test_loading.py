@@ -1035,3 +1035,82 @@ def test_head_dims_target_hidden_size_and_config():
     assert (cfg.total_token, cfg.depth, cfg.top_k, cfg.vocab_size, cfg.target_vocab_size, cfg.feature_size,
             cfg.head_dim, cfg.rope_theta, cfg.architecture) == (6, 2, 2, 10, 20, 24, 4, 5.0, "eagle3")
     assert _dims().frontier_config(total_token=6, depth=2, top_k=2, rope_theta=7.0).rope_theta == 7.0
+
+
+from frontier.loading import _dims_from_config  # noqa: E402
+
+E3 = {"hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 12, "vocab_size": 20}
+
+
+def dims_of(cfg, arch="eagle3"):
+    problems: list[str] = []
+    return _dims_from_config(cfg, arch, "w", problems), problems
+
+
+def test_dims_from_an_eagle3_config():
+    dims, problems = dims_of(dict(E3, draft_vocab_size=10, target_hidden_size=16, num_key_value_heads=1,
+                                  rms_norm_eps=1e-5, rope_theta=500.0))
+    assert problems == []
+    assert dims == HeadDims(architecture="eagle3", hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                            intermediate_size=12, feature_size=48, vocab_size=10, target_vocab_size=20, num_layers=1,
+                            fc_bias=False, rope_theta=500.0, rope_scaling=None, rms_norm_eps=1e-5)
+    assert type(dims.rms_norm_eps) is float and type(dims.rope_theta) is float
+    dims, _ = dims_of(dict(E3, head_dim=6, rms_norm_eps=1, num_hidden_layers=3, bias=False))
+    assert (dims.head_dim, dims.num_key_value_heads, dims.vocab_size, dims.feature_size, dims.num_layers) == (6, 2, 20, 24, 1)
+    assert dims.rms_norm_eps == 1.0 and type(dims.rms_norm_eps) is float and dims.fc_bias is False
+    dims, _ = dims_of(dict(E3, rope_scaling={"type": "linear", "factor": 2}))
+    assert dims.rope_scaling == {"type": "linear", "factor": 2.0} and dims.rms_norm_eps == 1e-6
+
+
+def test_dims_from_an_eagle2_config():
+    dims, problems = dims_of(dict(E3, num_hidden_layers=2, draft_vocab_size=5, target_hidden_size=99), "eagle2")
+    assert problems == []
+    assert (dims.architecture, dims.num_layers, dims.fc_bias, dims.vocab_size, dims.target_vocab_size, dims.feature_size) == (
+        "eagle2", 2, True, 20, 20, 8)
+    assert dims_of(dict(E3, bias=False), "eagle2")[0].fc_bias is False
+    assert dims_of(dict(E3), "eagle2")[0].num_layers == 1
+
+
+@pytest.mark.parametrize("changes,arch,problem", [
+    (dict(hidden_size=None), "eagle3", "w: missing field 'hidden_size' (needed to shape the eagle3 head)"),
+    (dict(vocab_size=None), "eagle2", "w: missing field 'vocab_size' (needed to shape the eagle2 head)"),
+    (dict(num_attention_heads=0), "eagle3", "w: field 'num_attention_heads' must be a positive integer, got 0"),
+    (dict(intermediate_size=True), "eagle3", "w: field 'intermediate_size' must be a positive integer, got True"),
+    (dict(hidden_size=8.0), "eagle3", "w: field 'hidden_size' must be a positive integer, got 8.0"),
+    (dict(num_key_value_heads=-1), "eagle3", "w: field 'num_key_value_heads' must be a positive integer, got -1"),
+    (dict(draft_vocab_size="10"), "eagle3", "w: field 'draft_vocab_size' must be a positive integer, got '10'"),
+    (dict(head_dim=0), "eagle3", "w: field 'head_dim' must be a positive integer, got 0"),
+    (dict(target_hidden_size=0), "eagle3", "w: field 'target_hidden_size' must be a positive integer, got 0"),
+    (dict(num_hidden_layers=0), "eagle2", "w: field 'num_hidden_layers' must be a positive integer, got 0"),
+    (dict(bias="yes"), "eagle2", "w: field 'bias' must be true or false, got 'yes'"),
+    (dict(qkv_bias=True), "eagle2", "w: 'qkv_bias' is set (Qwen-style biased q/k/v projections); frontier's draft layer "
+                                    "has no attention biases, so this head is not supported"),
+    (dict(hidden_act="gelu"), "eagle3", "w: hidden_act='gelu' is not supported (the draft layer's MLP is SiLU-gated)"),
+    (dict(rms_norm_eps=0), "eagle3", "w: 'rms_norm_eps' must be a positive number, got 0"),
+    (dict(rms_norm_eps=False), "eagle3", "w: 'rms_norm_eps' must be a positive number, got False"),
+    (dict(rms_norm_eps="1e-6"), "eagle3", "w: 'rms_norm_eps' must be a positive number, got '1e-6'"),
+    (dict(num_attention_heads=3), "eagle3", "w: num_attention_heads=3 must divide hidden_size=8"),
+    (dict(num_key_value_heads=3, num_attention_heads=4), "eagle3", "w: num_key_value_heads=3 must divide num_attention_heads=4"),
+    (dict(draft_vocab_size=21), "eagle3", "w: draft_vocab_size=21 cannot exceed vocab_size=20 (the target vocabulary)"),
+])
+def test_dims_problems(changes, arch, problem):
+    cfg = {k: v for k, v in dict(E3, **changes).items() if v is not None}
+    dims, problems = dims_of(cfg, arch)
+    assert dims is None and problems == [problem]
+
+
+def test_dims_problems_are_collected_and_rope_problems_keep_the_dims():
+    problems = ["earlier"]
+    assert _dims_from_config({"hidden_size": 0, "hidden_act": "relu"}, "eagle3", "w", problems) is None
+    assert problems == ["earlier", "w: field 'hidden_size' must be a positive integer, got 0",
+                        "w: missing field 'num_attention_heads' (needed to shape the eagle3 head)",
+                        "w: missing field 'intermediate_size' (needed to shape the eagle3 head)",
+                        "w: missing field 'vocab_size' (needed to shape the eagle3 head)",
+                        "w: missing field 'draft_vocab_size' (needed to shape the eagle3 head)",
+                        "w: hidden_act='relu' is not supported (the draft layer's MLP is SiLU-gated)"]
+    problems = ["earlier"]
+    dims = _dims_from_config(dict(E3, rope_scaling={"type": "yarn", "factor": 2.0}), "eagle3", "w", problems)
+    assert dims is not None and dims.rope_scaling is None and len(problems) == 2
+    assert problems[1].startswith("w: rope_scaling type 'yarn' is not supported")
+    # an explicit head_dim skips the divisibility of hidden_size
+    assert dims_of(dict(E3, num_attention_heads=3, head_dim=4))[0].head_dim == 4
