@@ -345,7 +345,6 @@ def test_a_batch_with_weights_and_caches():
     assert single.cache.max_length == 3 and single.cache.length == 3
 
 
-
 def test_defaults_are_the_stub_seed_0_greedy_unpadded():
     f = feats()
     fr = frontier_generate(CFG, f)

@@ -240,7 +240,6 @@ def test_fresh_batch_cache_for_a_weighted_backend():
     assert frs[0].cache is one[0] and one[0].length == 3 and frs[1].cache.length == 5
 
 
-
 def test_batch_defaults_match_frontier_generate():
     cfg = frontier.FrontierConfig(total_token=12, depth=3, top_k=3, vocab_size=50, hidden_size=8)
     g = torch.Generator().manual_seed(4)
