@@ -26,6 +26,7 @@ weight-free backend such as the stub never reads the features' values):
 from __future__ import annotations
 
 import difflib
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -65,10 +66,12 @@ class DraftRequest:
     padded: bool = False
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-    # [] bool device tensor when some checks run on the device (check_finite / check_token_range
-    # False): True while those inputs are valid. None when every check ran on the host.
-    valid: Optional[torch.Tensor] = None
     check_finite: bool = True
+    # The device-side checks' inputs (no host read): a float64 scalar that is finite exactly when
+    # every feature is (_finite_probe) under check_finite=False, and whether an id was out of
+    # range (then clamped) under check_token_range=False.
+    feature_sum: Optional[torch.Tensor] = None
+    ids_out_of_range: Optional[torch.Tensor] = None
 
     @property
     def device(self) -> torch.device:
@@ -173,6 +176,15 @@ _CALL_ARGUMENTS = {
 # ----------------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------------
+def _finite_probe(x: torch.Tensor) -> torch.Tensor:
+    """A float64 scalar that is finite exactly when every value of ``x`` is: their sum in float64
+    (which no sum of float32/16 values can overflow; one reduction instead of isfinite's five
+    ops), or for float64 values the largest magnitude (NaN propagates through it)."""
+    if x.dtype == torch.float64:
+        return x.abs().amax()
+    return x.sum(dtype=torch.float64)
+
+
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InputError(f"{name} must be True or False, got {name}={value!r}")
@@ -288,26 +300,26 @@ def validate_request(
     elif weights is not None:
         raise InputError(f"backend {backend_name!r} takes no weights; drop weights=/ea_layer=")
 
-    # Values, where they feed the draft layer: the host checks share one host read, the device
-    # checks set the request's flag (a handful of small ops, no host read).
-    valid: Optional[torch.Tensor] = None
+    # Values, where they feed the draft layer: the host checks share one host read; the device
+    # checks leave their inputs on the request for the result's flag. A few small ops either way.
+    feature_sum = ids_out_of_range = None
     if requires_weights:
         host: list[torch.Tensor] = []
+        total = _finite_probe(features)
         if check_finite:
-            host.append(torch.isfinite(features).all())
+            host.append(total)
         else:
-            valid = torch.isfinite(features).all()
+            feature_sum = total
         vt = cfg.target_vocab_size
         if check_range:
             host += list(torch.aminmax(input_ids))
         else:  # the ids index the embedding: clamp them on the device, and say so in the flag
             clamped = input_ids.clamp(0, vt - 1)
-            in_range = torch.eq(clamped, input_ids).all()
-            valid = in_range if valid is None else valid & in_range
+            ids_out_of_range = torch.ne(clamped, input_ids).any()
             input_ids = clamped
         if host:
-            values = torch.stack([h.to(torch.int64) for h in host]).tolist()  # the one host read
-            if check_finite and not values.pop(0):
+            values = torch.stack([h.to(torch.float64) for h in host]).tolist()  # the one host read
+            if check_finite and not math.isfinite(values.pop(0)):
                 raise InputError(
                     "features_concat holds non-finite values (NaN or +-Inf), e.g. from a target that overflowed "
                     "in fp16; nothing was drafted and the cache is unchanged"
@@ -315,7 +327,9 @@ def validate_request(
             if values:
                 lo, hi = values
                 if lo < 0 or hi >= vt:
-                    raise InputError(f"input_ids must lie in [0, target_vocab_size={vt}), got range [{lo}, {hi}]")
+                    raise InputError(
+                        f"input_ids must lie in [0, target_vocab_size={vt}), got range [{int(lo)}, {int(hi)}]"
+                    )
     return DraftRequest(
         cfg=cfg,
         features=features,
@@ -327,8 +341,9 @@ def validate_request(
         padded=padded,
         seed=seed,
         options=options,
-        valid=valid,
         check_finite=check_finite,
+        feature_sum=feature_sum,
+        ids_out_of_range=ids_out_of_range,
     )
 
 
@@ -383,12 +398,12 @@ class _Saved:
             self.cache.k[:, :, self.length : self.length + self.k.shape[2]].copy_(self.k)
             self.cache.v[:, :, self.length : self.length + self.v.shape[2]].copy_(self.v)
 
-    def rows_where(self, keep: torch.Tensor, cache: DraftCache, n: int) -> None:
-        """Rows [c, c+n) of ``cache`` back to their saved contents unless ``keep`` (a [] bool
+    def restore_rows_where(self, flag: torch.Tensor, cache: DraftCache, n: int) -> None:
+        """Rows [c, c+n) of ``cache`` back to their saved contents where ``flag`` (a [] bool
         device tensor; no host read); a fresh cache (nothing saved) gets zeros, as it was made."""
         for store, old in ((cache.k, self.k), (cache.v, self.v)):
             new = store[:, :, self.length : self.length + n]
-            torch.where(keep, new, new.new_zeros(()) if old is None else old, out=new)
+            torch.where(flag, new.new_zeros(()) if old is None else old, new, out=new)
 
 
 def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int) -> None:
@@ -432,30 +447,33 @@ def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int)
 
 
 def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], saved: list[_Saved]) -> None:
-    """Finite scores, checked on the host (``check_finite``, default) or flagged on the device
-    with the new cache rows restored; sets every result's ``invalid`` flag."""
+    """Finite scores (where NaN/Inf anywhere in the layer arrives), checked on the host
+    (``check_finite``, default) or flagged on the device with the new cache rows restored; sets
+    every result's ``invalid`` flag."""
     host = []
     for r, fr, s in zip(requests, results, saved):
-        if r.weights is None or fr.scores is None:  # no draft layer ran on the features' values
-            valid = r.valid
-        else:
-            scores_ok = torch.isfinite(fr.scores).all()  # NaN/Inf anywhere in the layer reaches the scores
+        total = None  # float64: finite exactly when the checked values all are
+        if r.weights is not None and fr.scores is not None:
+            total = _finite_probe(fr.scores)
             if r.check_finite:
-                host.append(scores_ok)
-                valid = r.valid
-            else:
-                valid = scores_ok if r.valid is None else scores_ok & r.valid
-        if valid is None:
+                host.append(total)
+                total = None
+            elif r.feature_sum is not None:
+                total = total + r.feature_sum
+        invalid = None if total is None else torch.ne(total - total, 0)  # x - x is 0, or NaN for NaN/Inf
+        if r.ids_out_of_range is not None:
+            invalid = r.ids_out_of_range if invalid is None else invalid | r.ids_out_of_range
+        if invalid is None:
             fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
             continue
         if isinstance(fr.cache, DraftCache) and r.weights is not None:
-            s.rows_where(valid, fr.cache, r.num_new)
-        fr.invalid = ~valid
+            s.restore_rows_where(invalid, fr.cache, r.num_new)
+        fr.invalid = invalid
     if host:
-        flags = torch.stack(host).tolist()  # the one host read of check_finite
-        if not all(flags):
-            which = [b for b, ok in enumerate(flags) if not ok]
-            where = "" if len(requests) == 1 else f" (sequence(s) {which})"
+        totals = torch.stack(host).tolist()  # the one host read of check_finite
+        bad = [b for b, x in enumerate(totals) if not math.isfinite(x)]
+        if bad:
+            where = "" if len(requests) == 1 else f" (sequence(s) {bad})"
             raise NonFiniteError(
                 f"the draft produced non-finite scores from finite inputs{where}: the draft layer overflowed "
                 f"(an fp16 head?). The cache was rolled back"
