@@ -477,3 +477,14 @@ def test_a_batch_backend_must_return_one_frontier_per_sequence(clean_registry):
     register_backend("short", Short())
     with pytest.raises(frontier.InvariantError, match=r"^backend 'short' must return one Frontier per sequence \(2\)$"):
         frontier_generate(CFG, [feats(), feats()], backend="short")
+
+
+def test_a_fresh_cache_takes_the_weights_dtype_and_the_requested_length():
+    cfg = random_config(total_token=6, depth=2, top_k=2, vocab_size=20, hidden_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, intermediate_size=8)
+    w = random_weights(cfg, seed=2, dtype=torch.float64)
+    ids, f = random_inputs(cfg, context=4, seed=2, dtype=torch.float64)
+    fr = frontier_generate(cfg, f, "torch_ref", input_ids=ids, weights=w, cache_max_length=6)
+    assert fr.cache.dtype == torch.float64 and fr.cache.device == torch.device("cpu")
+    assert fr.cache.max_length == 6 and fr.cache.length == 4
+    assert frontier_generate(cfg, f, "torch_ref", input_ids=ids, weights=w).cache.max_length == 4096
