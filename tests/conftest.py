@@ -36,7 +36,7 @@ def _patch_the_language_once_per_launch() -> None:
     if real_patch is None or executor is None or getattr(real_patch, "once_per_launch", False):
         return
     real_launch = executor.__call__
-    state = {"launch": False, "langs": None}  # inside a launch; the modules its own patch covers
+    state = {"launch": False, "langs": None}  # inside a launch; the modules patched in it so far
 
     class _Unpatched:
         def restore(self):
