@@ -53,8 +53,8 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     # config.json: dimensions and RoPE settings, how problems are reported) is what is mutated, against
     # the unit tests of those helpers (the end-to-end loads take seconds each).
     "loading": (
-        ["tests/test_loading.py", "-k", "read_json or shard_names or rope_from or raise_problems or weight_of "
-         "or head_dims or dims_"],
+        ["tests/test_loading.py", "-k", "read_json or shard_names or rope_from or rope_parameters or raise_problems "
+         "or weight_of or head_dims or dims_"],
         [
             "x__read_json_file*",
             "x__shard_name*",

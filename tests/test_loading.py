@@ -1114,3 +1114,61 @@ def test_dims_problems_are_collected_and_rope_problems_keep_the_dims():
     assert problems[1].startswith("w: rope_scaling type 'yarn' is not supported")
     # an explicit head_dim skips the divisibility of hidden_size
     assert dims_of(dict(E3, num_attention_heads=3, head_dim=4))[0].head_dim == 4
+
+
+def test_read_json_file_names_a_file_that_cannot_be_read(tmp_path, monkeypatch):
+    import frontier.loading as loading
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{}")
+
+    def refuse(errno_error):
+        def fake_open(*args, **kwargs):
+            raise errno_error
+        return fake_open
+
+    monkeypatch.setattr(loading, "open", refuse(PermissionError(13, "Permission denied")), raising=False)
+    with pytest.raises(WeightsError, match=rf"^head config {re.escape(repr(str(cfg)))} cannot be read: Permission denied$"):
+        _read_json_file(cfg, "head config")
+    monkeypatch.setattr(loading, "open", refuse(OSError("no reason given")), raising=False)
+    with pytest.raises(WeightsError, match=rf"^head config {re.escape(repr(str(cfg)))} cannot be read: no reason given$"):
+        _read_json_file(cfg, "head config")
+
+
+def test_read_json_names_the_role_in_file_errors(tmp_path):
+    with pytest.raises(WeightsError, match=rf"^head config {re.escape(repr(str(tmp_path)))} is not a regular file$"):
+        _read_json(tmp_path, "head")
+
+
+@pytest.mark.parametrize("cfg,want", [
+    ({"rope_theta": 1}, (1.0, None, None)),
+    ({"rope_theta": 0.5}, (0.5, None, None)),
+    # rope_scaling given: rope_parameters only supplies rope_theta
+    ({"rope_scaling": {"type": "linear", "factor": 2}, "rope_parameters": {"rope_type": "yarn", "rope_theta": 4.0}},
+     (4.0, {"type": "linear", "factor": 2.0}, None)),
+    # rope_parameters without a rope_type, or with "default", is plain RoPE even with a factor
+    ({"rope_parameters": {"factor": 2.0}}, (10000.0, None, None)),
+    ({"rope_parameters": {"rope_type": "default", "factor": 2.0}}, (10000.0, None, None)),
+])
+def test_rope_parameters_forms(cfg, want):
+    assert _rope_from_config(cfg, "w") == want
+
+
+def test_dims_are_ints():
+    dims, _ = dims_of(dict(E3))
+    assert type(dims.head_dim) is int and dims.head_dim == 4
+    assert type(_dims(feature_size=48).target_hidden_size) is int and _dims(feature_size=48).target_hidden_size == 16
+
+
+def test_head_dims_frontier_config_carries_every_field():
+    dims = _dims("eagle2", num_key_value_heads=1, head_dim=6, intermediate_size=20, feature_size=8, vocab_size=20,
+                 target_vocab_size=20, num_layers=3, fc_bias=False, rope_theta=5.0,
+                 rope_scaling={"type": "linear", "factor": 2.0}, rms_norm_eps=1e-5)
+    cfg = dims.frontier_config(total_token=6, depth=2, top_k=2)
+    assert cfg.model_dump() == dict(
+        total_token=6, depth=2, top_k=2, vocab_size=20, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=6, intermediate_size=20, feature_size=8, target_vocab_size=20, num_layers=3, fc_bias=False,
+        rope_theta=5.0, rope_scaling={"type": "linear", "factor": 2.0}, rms_norm_eps=1e-5, architecture="eagle2",
+    )
+    e3 = _dims(feature_size=48, num_key_value_heads=2).frontier_config(total_token=6, depth=2, top_k=2)
+    assert (e3.feature_size, e3.fc_bias, e3.num_layers, e3.architecture) == (48, False, 1, "eagle3")
