@@ -55,8 +55,9 @@ def frontier_generate(
         (one host read on CUDA); False clamps them on the device and sets ``Frontier.invalid``.
         ``check_finite`` (default ``not padded``): NaN/Inf features raise InputError, and a draft
         that overflows raises NonFiniteError, cache rolled back (one host read each); False
-        reads nothing and reports both in ``Frontier.invalid``, the new cache rows left as they
-        were. ``padded=True`` with ``check_token_range=False`` makes no host read at all.
+        reads nothing and reports both in ``Frontier.invalid``, the new cache rows zeroed
+        rather than poisoned. ``padded=True`` with ``check_token_range=False`` makes no host
+        read at all.
         torch_ref and triton accept ``trace=True``: the call's whole candidate list (and from
         torch_ref every top-K's log-prob rows) in ``Frontier.info["trace"]``, for the near-tie check
         of :func:`frontier.parity.near_tie_report`.

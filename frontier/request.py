@@ -15,7 +15,7 @@ weight-free backend such as the stub never reads the features' values):
   back. Each costs one host read.
 * ``check_finite=False`` (default with ``padded=True``, the layout that reads nothing from the
   host): the result's ``invalid`` flag (a device tensor) is set when the features or the outputs
-  were non-finite, and the call's new cache rows keep their previous contents (the cache's
+  were non-finite, and the call's new cache rows hold zeros instead of the poison (the cache's
   length still advances: ``truncate`` it when the flag is set).
 * ``check_token_range=True`` (default): ids outside the target vocabulary raise
   :class:`InputError` (sharing the host read above). With False the ids are clamped into the
@@ -67,11 +67,9 @@ class DraftRequest:
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     check_finite: bool = True
-    # The device-side checks' inputs (no host read): a float64 scalar that is finite exactly when
-    # every feature is (_finite_probe) under check_finite=False, and whether an id was out of
-    # range (then clamped) under check_token_range=False.
-    feature_sum: Optional[torch.Tensor] = None
-    ids_out_of_range: Optional[torch.Tensor] = None
+    # The caller's input_ids where check_token_range=False clamped them (input_ids holds the
+    # clamped copy): the result's flag compares the two after the launch, off the critical path.
+    unclamped_ids: Optional[torch.Tensor] = None
 
     @property
     def device(self) -> torch.device:
@@ -302,21 +300,16 @@ def validate_request(
 
     # Values, where they feed the draft layer: the host checks share one host read; the device
     # checks leave their inputs on the request for the result's flag. A few small ops either way.
-    feature_sum = ids_out_of_range = None
+    unclamped_ids = None
     if requires_weights:
         host: list[torch.Tensor] = []
-        total = _finite_probe(features)
-        if check_finite:
-            host.append(total)
-        else:
-            feature_sum = total
+        if check_finite:  # else the features are checked on the device after the launch
+            host.append(_finite_probe(features))
         vt = cfg.target_vocab_size
         if check_range:
             host += list(torch.aminmax(input_ids))
-        else:  # the ids index the embedding: clamp them on the device, and say so in the flag
-            clamped = input_ids.clamp(0, vt - 1)
-            ids_out_of_range = torch.ne(clamped, input_ids).any()
-            input_ids = clamped
+        else:  # the ids index the embedding: clamp them on the device, flag them after the launch
+            unclamped_ids, input_ids = input_ids, input_ids.clamp(0, vt - 1)
         if host:
             values = torch.stack([h.to(torch.float64) for h in host]).tolist()  # the one host read
             if check_finite and not math.isfinite(values.pop(0)):
@@ -342,8 +335,7 @@ def validate_request(
         seed=seed,
         options=options,
         check_finite=check_finite,
-        feature_sum=feature_sum,
-        ids_out_of_range=ids_out_of_range,
+        unclamped_ids=unclamped_ids,
     )
 
 
@@ -353,10 +345,10 @@ def validate_request(
 def run_requests(impl: Any, backend: str, requests: Sequence[DraftRequest]) -> list[Frontier]:
     """Run validated requests on ``impl`` (its ``generate_batch`` when it has one and there are
     several) and return one checked Frontier each. Any failure - an exception, a malformed
-    result, non-finite values under ``check_finite`` - leaves every caller's cache bit for bit as
-    it was: its length, and the rows [c, c+n) the call may have written (saved before the call;
-    a few rows per call, the only copy this costs)."""
-    saved = [_Saved.of(r) for r in requests]
+    result, non-finite values under ``check_finite`` - rolls every caller's cache back to its
+    length before the call: its committed rows are never written, so they are bit for bit as they
+    were (rows past the length are scratch, as ever)."""
+    before = [None if r.cache is None else r.cache.length for r in requests]
     try:
         with torch.no_grad():
             run_batch = getattr(impl, "generate_batch", None)
@@ -366,44 +358,15 @@ def run_requests(impl: Any, backend: str, requests: Sequence[DraftRequest]) -> l
                 results = [impl.generate(r) for r in requests]
             if not isinstance(results, (list, tuple)) or len(results) != len(requests):
                 raise InvariantError(f"backend {backend!r} must return one Frontier per sequence ({len(requests)})")
-            for r, fr, s in zip(requests, results, saved):
-                _check_result(backend, r, fr, before_length=s.length)
-            _finish_values(requests, results, saved)
+            for r, fr, length in zip(requests, results, before):
+                _check_result(backend, r, fr, before_length=length)
+            _finish_values(requests, results, before)
     except BaseException:
-        for s in saved:
-            s.restore()
+        for r, length in zip(requests, before):
+            if r.cache is not None:
+                r.cache.length = length
         raise
     return list(results)
-
-
-@dataclass
-class _Saved:
-    """A caller's cache before the call: its length and its rows [c, c+n) (what the call may write)."""
-
-    cache: Optional[DraftCache]
-    length: int = 0
-    k: Optional[torch.Tensor] = None
-    v: Optional[torch.Tensor] = None
-
-    @classmethod
-    def of(cls, r: DraftRequest) -> "_Saved":
-        if r.cache is None:
-            return cls(None)
-        c, n = r.cache.length, r.num_new
-        return cls(r.cache, c, r.cache.k[:, :, c : c + n].clone(), r.cache.v[:, :, c : c + n].clone())
-
-    def restore(self) -> None:
-        if self.cache is not None:
-            self.cache.length = self.length
-            self.cache.k[:, :, self.length : self.length + self.k.shape[2]].copy_(self.k)
-            self.cache.v[:, :, self.length : self.length + self.v.shape[2]].copy_(self.v)
-
-    def restore_rows_where(self, flag: torch.Tensor, cache: DraftCache, n: int) -> None:
-        """Rows [c, c+n) of ``cache`` back to their saved contents where ``flag`` (a [] bool
-        device tensor; no host read); a fresh cache (nothing saved) gets zeros, as it was made."""
-        for store, old in ((cache.k, self.k), (cache.v, self.v)):
-            new = store[:, :, self.length : self.length + n]
-            torch.where(flag, new.new_zeros(()) if old is None else old, new, out=new)
 
 
 def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int) -> None:
@@ -446,28 +409,35 @@ def _check_result(backend: str, r: DraftRequest, fr: Any, *, before_length: int)
             fail(f"the cache holds {cache.length} rows after the call, expected {before_length} + n={r.num_new}")
 
 
-def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], saved: list[_Saved]) -> None:
+def _finish_values(requests: Sequence[DraftRequest], results: Sequence[Frontier], before: list) -> None:
     """Finite scores (where NaN/Inf anywhere in the layer arrives), checked on the host
     (``check_finite``, default) or flagged on the device with the new cache rows restored; sets
     every result's ``invalid`` flag."""
     host = []
-    for r, fr, s in zip(requests, results, saved):
+    for r, fr, length in zip(requests, results, before):
+        # Queued after the launch, so that on a GPU they overlap the draft instead of delaying it.
         total = None  # float64: finite exactly when the checked values all are
-        if r.weights is not None and fr.scores is not None:
-            total = _finite_probe(fr.scores)
+        if r.weights is not None:
+            total = None if fr.scores is None else _finite_probe(fr.scores)
             if r.check_finite:
-                host.append(total)
+                if total is not None:
+                    host.append(total)
                 total = None
-            elif r.feature_sum is not None:
-                total = total + r.feature_sum
+            else:
+                feature_total = _finite_probe(r.features)
+                total = feature_total if total is None else total + feature_total
         invalid = None if total is None else torch.ne(total - total, 0)  # x - x is 0, or NaN for NaN/Inf
-        if r.ids_out_of_range is not None:
-            invalid = r.ids_out_of_range if invalid is None else invalid | r.ids_out_of_range
+        if r.unclamped_ids is not None:
+            clamped = torch.ne(r.input_ids, r.unclamped_ids).any()
+            invalid = clamped if invalid is None else invalid | clamped
         if invalid is None:
             fr.invalid = torch.zeros((), dtype=torch.bool, device=r.device)
             continue
-        if isinstance(fr.cache, DraftCache) and r.weights is not None:
-            s.restore_rows_where(invalid, fr.cache, r.num_new)
+        if isinstance(fr.cache, DraftCache) and r.weights is not None:  # the new rows: zeros, never the poison
+            c, n = length or 0, r.num_new
+            for store in (fr.cache.k, fr.cache.v):
+                rows = store[:, :, c : c + n]
+                torch.where(invalid, rows.new_zeros(()), rows, out=rows)
         fr.invalid = invalid
     if host:
         totals = torch.stack(host).tolist()  # the one host read of check_finite

@@ -28,7 +28,7 @@ class Frontier:
     invalid: [] bool device tensor, True when the call's inputs or outputs were invalid
         (non-finite values, token ids outside the vocabulary) under the device-side checks
         (``check_finite=False`` / ``check_token_range=False``): the tree is then meaningless
-        and this call's new cache rows kept their previous contents. Always False after the
+        and this call's new cache rows hold zeros instead of the poison. Always False after the
         host-side checks, which raise instead.
     """
 

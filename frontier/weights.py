@@ -213,15 +213,18 @@ class DraftWeights:
                 f"{where}: missing tensor 'd2t' (expected shape [{v}]): vocab_size={v} < target_vocab_size={vt} "
                 "needs the draft->target offsets"
             )
-        return self.check_values(vt, where=where)
+        return self.check_values(vt, where=where, tensors=have)
 
-    def check_values(self, target_vocab_size: int, *, where: str = "weights") -> "DraftWeights":
+    def check_values(
+        self, target_vocab_size: int, *, where: str = "weights", tensors: Optional[Mapping[str, torch.Tensor]] = None
+    ) -> "DraftWeights":
         """Every floating tensor finite, and every draft id mapped by ``d2t`` into
         ``[0, target_vocab_size)``; raise :class:`WeightsError` naming the tensor.
 
         The check reads the values (one host read); it is skipped while no tensor was replaced
-        or written in place since it last passed for this target vocabulary."""
-        have = list(self.tensors())
+        or written in place since it last passed for this target vocabulary (``tensors``: the
+        state dict, when the caller has it already)."""
+        have = list((self.state_dict() if tensors is None else tensors).items())
         stamp = (target_vocab_size,) + tuple((id(t), t._version) for _, t in have)
         if self._values_ok == stamp:
             return self

@@ -18,13 +18,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ -n "$3" ]; then
   cp "$3" "$OUT/nodes.txt"
 else
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/ 2>/dev/null | grep '::' > "$OUT/nodes.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider -m "" tests/ 2>/dev/null | grep '::' > "$OUT/nodes.txt"
 fi
 echo "$(wc -l < "$OUT/nodes.txt") tests in $SHARDS shards, ${LIMIT}s each" | tee "$OUT/summary.txt"
 for s in $(seq 0 $((SHARDS - 1))); do
   awk -v n="$SHARDS" -v s="$s" '(NR - 1) % n == s' "$OUT/nodes.txt" > "$OUT/shard$s.txt"
   mapfile -t nodes < "$OUT/shard$s.txt"  # (node ids may hold spaces)
-  timeout -s INT -k 30 "$LIMIT" python3 -m pytest -v -p no:cacheprovider -rfE --durations=15 \
+  timeout -s INT -k 30 "$LIMIT" python3 -m pytest -v -p no:cacheprovider -m "" -rfE --durations=15 \
     "${nodes[@]}" > "$OUT/shard$s.log" 2>&1 &
 done
 wait
