@@ -488,3 +488,116 @@ def test_a_fresh_cache_takes_the_weights_dtype_and_the_requested_length():
     assert fr.cache.dtype == torch.float64 and fr.cache.device == torch.device("cpu")
     assert fr.cache.max_length == 6 and fr.cache.length == 4
     assert frontier_generate(cfg, f, "torch_ref", input_ids=ids, weights=w).cache.max_length == 4096
+
+
+# ----------------------------------------------------------------------------------------------
+# Call options and flags: exact messages
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(check_finite=1), "option check_finite must be True or False, got check_finite=1"),
+    (dict(check_token_range="no"), "option check_token_range must be True or False, got check_token_range='no'"),
+    (dict(trace=0), "option trace must be True or False, got trace=0"),
+    (dict(chek_finite=True), "unknown option 'chek_finite' for backend 'stub' (it takes: check_finite, "
+                             "check_token_range); did you mean 'check_finite'?"),
+    (dict(inpt_ids=1), "unknown option 'inpt_ids' for backend 'stub' (it takes: check_finite, check_token_range); "
+                       "did you mean 'input_ids'?"),
+    (dict(zzz=1), "unknown option 'zzz' for backend 'stub' (it takes: check_finite, check_token_range)"),
+    (dict(sampling="yes"), "sampling must be True or False, got sampling='yes'"),
+    (dict(padded=1), "padded must be True or False, got padded=1"),
+    (dict(cache_max_length=True), "cache_max_length must be a positive int, got True"),
+    (dict(cache_max_length=2.5), "cache_max_length must be a positive int, got 2.5"),
+    (dict(fallback=1), "fallback must be True or False, got fallback=1"),
+])
+def test_option_and_flag_messages(kwargs, message):
+    with pytest.raises(InputError) as info:
+        frontier_generate(CFG, feats(), **kwargs)
+    assert str(info.value) == message
+
+
+def test_options_accepted_per_backend(clean_registry):
+    fr = frontier_generate(CFG, feats(), check_finite=False, check_token_range=True)
+    assert bool(fr.invalid) is False
+    with pytest.raises(InputError, match=(
+        r"^unknown option 'trace' for backend 'stub' \(it takes: check_finite, check_token_range\); did you mean 'cache'\?$"
+    )):
+        frontier_generate(CFG, feats(), trace=True)
+
+    class TakesAnything(Backend):
+        options = None
+
+        def generate(self, request):
+            self.seen = dict(request.options)
+            return StubBackend().generate(request)
+
+    anything = TakesAnything()
+    register_backend("anything", anything)
+    frontier_generate(CFG, feats(), backend="anything", whatever=3, check_finite=True)
+    assert anything.seen == {"whatever": 3}  # the call's own checks are taken out
+
+
+@pytest.mark.parametrize("answer,why", [
+    (RuntimeError("boom"), "its availability() raised RuntimeError: boom"),
+    ("yes", "its availability() raised ValueError: too many values to unpack (expected 2)"),
+])
+def test_an_availability_that_raises_or_answers_nonsense_means_unavailable(clean_registry, answer, why):
+    class Odd(Backend):
+        def availability(self):
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def generate(self, request):  # pragma: no cover - never dispatched
+            raise AssertionError
+
+    register_backend("odd", Odd())
+    with pytest.raises(BackendUnavailableError) as info:
+        frontier_generate(CFG, feats(), backend="odd")
+    assert str(info.value) == f"backend 'odd' cannot run here: {why}"
+
+
+def test_fallback_warns_and_names_both_when_neither_runs(clean_registry, monkeypatch):
+    register_backend("down", Declared(available=(False, "no GPU")))
+    ref = get_backend("torch_ref")
+    monkeypatch.setattr(ref, "availability", lambda: (False, "no torch_ref"))
+    with pytest.raises(BackendUnavailableError) as info:
+        frontier_generate(CFG, feats(dtype=torch.float64), backend="down", fallback=True)
+    assert str(info.value) == "backend 'down' cannot run here (no GPU) and the fallback 'torch_ref' cannot either (no torch_ref)"
+    monkeypatch.setattr(ref, "availability", lambda: (False, "no torch_ref"))
+    with pytest.raises(BackendUnavailableError) as info:  # torch_ref itself never falls back to itself
+        frontier_generate(CFG, feats(), backend="torch_ref", fallback=True)
+    assert str(info.value) == "backend 'torch_ref' cannot run here: no torch_ref"
+
+
+def test_fallback_runs_torch_ref_under_its_own_name(clean_registry):
+    register_backend("down", Declared(available=(False, "no GPU")))
+    cfg = random_config(total_token=6, depth=2, top_k=2, vocab_size=20, hidden_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, intermediate_size=8)
+    w = random_weights(cfg, seed=1)
+    ids, f = random_inputs(cfg, context=3, seed=1)
+    with pytest.warns(RuntimeWarning) as caught:
+        fr = frontier_generate(cfg, f, backend="down", input_ids=ids, weights=w, fallback=True, trace=True)
+    assert str(caught[0].message) == "backend 'down' is unavailable (no GPU); falling back to 'torch_ref'"
+    assert "trace" in fr.info  # torch_ref's own option reached torch_ref
+    assert fr.same_tree(frontier_generate(cfg, f, backend="torch_ref", input_ids=ids, weights=w))
+
+
+def test_a_loaded_head_passes_as_weights(weighted):
+    from types import SimpleNamespace
+
+    b, w, ids, f = weighted
+    fr = frontier_generate(LAYER_CFG, f, backend="weighted", input_ids=ids, weights=SimpleNamespace(weights=w))
+    assert b.calls == 1 and fr.total_token == 12
+    with pytest.raises(InputError, match=r"^weights must be a frontier\.DraftWeights, got SimpleNamespace"):
+        frontier_generate(LAYER_CFG, f, backend="weighted", input_ids=ids, weights=SimpleNamespace(weights="w"))
+
+
+def test_weights_on_another_device_or_dtype(weighted):
+    b, w, ids, f = weighted
+    b.dtypes = (torch.float32, torch.float64)
+    with pytest.raises(InputError) as info:
+        frontier_generate(LAYER_CFG, f.double(), backend="weighted", input_ids=ids, weights=w)
+    assert str(info.value) == "features_concat dtype torch.float64 differs from the weights' dtype torch.float32; cast one"
+    b.devices = ("cpu", "meta")
+    with pytest.raises(InputError) as info:
+        frontier_generate(LAYER_CFG, f.to("meta"), backend="weighted", input_ids=ids.to("meta"), weights=w)
+    assert str(info.value) == "weights are on cpu but features_concat on meta"
