@@ -601,3 +601,72 @@ def test_weights_on_another_device_or_dtype(weighted):
     with pytest.raises(InputError) as info:
         frontier_generate(LAYER_CFG, f.to("meta"), backend="weighted", input_ids=ids.to("meta"), weights=w)
     assert str(info.value) == "weights are on cpu but features_concat on meta"
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite scores from finite inputs: raised (check_finite, default) or flagged on the device
+# ----------------------------------------------------------------------------------------------
+from frontier.errors import NonFiniteError  # noqa: E402
+
+
+def _nan_scores(fr, request):
+    fr.scores = torch.full((fr.total_token,), float("nan"))
+
+
+def _fine_scores(fr, request):
+    fr.scores = torch.zeros(fr.total_token)
+
+
+def test_non_finite_scores_raise_by_default_and_are_flagged_when_unchecked(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    register_backend("nan_scores", Tamper(_nan_scores, requires_weights=True))
+    register_backend("fine_scores", Tamper(_fine_scores, requires_weights=True))
+    with pytest.raises(NonFiniteError) as info:
+        frontier_generate(LAYER_CFG, f, backend="nan_scores", input_ids=ids, weights=w)
+    assert str(info.value) == (
+        "the draft produced non-finite scores from finite inputs: the draft layer overflowed (an fp16 head?). "
+        "The cache was rolled back"
+    )
+    fr = frontier_generate(LAYER_CFG, f, backend="nan_scores", input_ids=ids, weights=w, check_finite=False)
+    assert fr.invalid.dtype == torch.bool and bool(fr.invalid) is True
+    fr = frontier_generate(LAYER_CFG, f, backend="fine_scores", input_ids=ids, weights=w, check_finite=False)
+    assert bool(fr.invalid) is False
+    fr = frontier_generate(LAYER_CFG, f, backend="fine_scores", input_ids=ids, weights=w)
+    assert fr.invalid.dtype == torch.bool and fr.invalid.shape == () and bool(fr.invalid) is False
+    bad = f.clone()
+    bad[0, 1, 0] = float("inf")
+    fr = frontier_generate(LAYER_CFG, bad, backend="fine_scores", input_ids=ids, weights=w, check_finite=False)
+    assert bool(fr.invalid) is True  # the features' probe joins the scores' under check_finite=False
+
+
+def test_non_finite_scores_name_the_sequence_in_a_batch(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+
+    def second_is_nan(fr, request):
+        fr.scores = torch.full((fr.total_token,), float("nan") if request.num_new == 2 else 0.0)
+        request.cache.length = request.cache.length + request.num_new  # the batch's fresh slot, appended to
+        fr.cache = request.cache
+
+    register_backend("second_nan", Tamper(second_is_nan, requires_weights=True))
+    with pytest.raises(NonFiniteError, match=r"^the draft produced non-finite scores from finite inputs \(sequence\(s\) \[1\]\): "):
+        frontier_generate(LAYER_CFG, [f, f[:, :2]], backend="second_nan", input_ids=[ids, ids[:, :3]], weights=w)
+
+
+def test_unchecked_token_ids_are_clamped_and_flagged(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    seen = []
+
+    def record(fr, request):
+        seen.append(request.input_ids.clone())
+
+    register_backend("record", Tamper(record, requires_weights=True))
+    high = ids.clone()
+    high[0, 2], high[0, 3] = 80, -5
+    fr = frontier_generate(LAYER_CFG, f, backend="record", input_ids=high, weights=w, check_token_range=False)
+    assert bool(fr.invalid) is True
+    assert int(seen[-1][0, 2]) == 79 and int(seen[-1][0, 3]) == 0 and torch.equal(seen[-1][0, 4:], ids[0, 4:])
+    fr = frontier_generate(LAYER_CFG, f, backend="record", input_ids=ids, weights=w, check_token_range=False)
+    assert bool(fr.invalid) is False and torch.equal(seen[-1], ids)
