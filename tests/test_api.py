@@ -670,3 +670,113 @@ def test_unchecked_token_ids_are_clamped_and_flagged(clean_registry):
     assert int(seen[-1][0, 2]) == 79 and int(seen[-1][0, 3]) == 0 and torch.equal(seen[-1][0, 4:], ids[0, 4:])
     fr = frontier_generate(LAYER_CFG, f, backend="record", input_ids=ids, weights=w, check_token_range=False)
     assert bool(fr.invalid) is False and torch.equal(seen[-1], ids)
+
+
+def test_non_finite_features_are_refused_before_drafting(weighted):
+    b, w, ids, f = weighted
+    bad = f.clone()
+    bad[0, 0, 3] = float("nan")
+    with pytest.raises(InputError) as info:
+        frontier_generate(LAYER_CFG, bad, backend="weighted", input_ids=ids, weights=w)
+    assert str(info.value) == (
+        "features_concat holds non-finite values (NaN or +-Inf), e.g. from a target that overflowed in fp16; "
+        "nothing was drafted and the cache is unchanged"
+    )
+    assert b.calls == 0
+
+
+def test_declared_dtypes_are_listed(clean_registry):
+    b = Declared()
+    b.dtypes = (torch.float32, torch.float64)
+    register_backend("two_dtypes", b)
+    with pytest.raises(InputError, match=r"^backend 'two_dtypes' supports dtypes float32, float64; features_concat is float16$"):
+        frontier_generate(CFG, feats(dtype=torch.float16), backend="two_dtypes")
+
+
+def _writes_rows(scores):
+    """Appends n rows of ones to the caller's cache and reports ``scores``."""
+    def change(fr, request):
+        cache, c, n = request.cache, request.cache.length, request.num_new
+        cache.k[:, :, c : c + n] = 1.0
+        cache.v[:, :, c : c + n] = 2.0
+        cache.length = c + n
+        fr.cache = cache
+        fr.scores = scores(fr.total_token)
+    return change
+
+
+@pytest.mark.parametrize("scores,invalid", [
+    (lambda t: torch.full((t,), float("nan")), True),
+    (lambda t: None, False),
+    (lambda t: torch.full((t,), 3e38), False),  # finite float32 whose float32 sum would overflow
+    (lambda t: torch.full((t,), 1e308, dtype=torch.float64), False),  # finite float64 whose sum would overflow
+])
+def test_unchecked_non_finite_scores_zero_the_new_rows(clean_registry, scores, invalid):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    register_backend("writer", Tamper(_writes_rows(scores), requires_weights=True))
+    cache = frontier.DraftCache.for_config(LAYER_CFG, max_length=16, dtype=torch.float32, device="cpu")
+    first = frontier_generate(LAYER_CFG, f[:, :4], backend="writer", input_ids=ids[:, :5], weights=w, cache=cache,
+                              check_finite=False)
+    assert bool(first.invalid) is invalid and cache.length == 4
+    fr = frontier_generate(LAYER_CFG, f[:, 4:], backend="writer", input_ids=ids, weights=w, cache=cache,
+                           check_finite=False)
+    assert bool(fr.invalid) is invalid and fr.invalid.dtype == torch.bool and cache.length == 6
+    if invalid:  # the new rows [4, 6) are zeros; rows past them and before them as the calls left them
+        assert not cache.k[:, :, :6].any() and not cache.v[:, :, :6].any()
+    else:
+        assert cache.k[:, :, :6].eq(1.0).all() and cache.v[:, :, :6].eq(2.0).all()
+    assert not cache.k[:, :, 6:].any()
+
+
+def test_clamped_ids_and_non_finite_scores_both_flag(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    register_backend("nan_scores", Tamper(_nan_scores, requires_weights=True))
+    fr = frontier_generate(LAYER_CFG, f, backend="nan_scores", input_ids=ids, weights=w, check_finite=False,
+                           check_token_range=False)
+    assert bool(fr.invalid) is True  # in-range ids, non-finite scores
+
+
+def test_fallback_warning_points_at_the_caller_and_options_go_to_torch_ref(clean_registry):
+    register_backend("down", Declared(available=(False, "no GPU")))
+    cfg = random_config(total_token=6, depth=2, top_k=2, vocab_size=20, hidden_size=8, num_attention_heads=2,
+                        num_key_value_heads=1, intermediate_size=8)
+    w = random_weights(cfg, seed=1)
+    ids, f = random_inputs(cfg, context=3, seed=1)
+    with pytest.warns(RuntimeWarning) as caught:
+        frontier_generate(cfg, f, backend="down", input_ids=ids, weights=w, fallback=True)
+    assert caught[0].filename == __file__
+    with pytest.warns(RuntimeWarning), pytest.raises(InputError, match=(
+        r"^unknown option 'bogus' for backend 'torch_ref' \(it takes: check_finite, check_token_range, trace\)$"
+    )):
+        frontier_generate(cfg, f, backend="down", input_ids=ids, weights=w, fallback=True, bogus=1)
+
+
+def test_generate_batch_is_used_for_batches_only(clean_registry):
+    class Both(Backend):
+        def generate(self, request):
+            self.single = getattr(self, "single", 0) + 1
+            return StubBackend().generate(request)
+
+        def generate_batch(self, requests):
+            self.batched = getattr(self, "batched", 0) + 1
+            return [StubBackend().generate(r) for r in requests]
+
+    both = Both()
+    register_backend("both", both)
+    frontier_generate(CFG, feats(), backend="both")
+    assert (getattr(both, "single", 0), getattr(both, "batched", 0)) == (1, 0)
+    frs = frontier_generate(CFG, [feats(), feats(2)], backend="both")
+    assert len(frs) == 2 and (both.single, both.batched) == (1, 1)
+
+
+def test_a_cache_of_another_type_is_named(clean_registry):
+    w = random_weights(LAYER_CFG, seed=1)
+    ids, f = random_inputs(LAYER_CFG, context=6, seed=1)
+    register_backend("str_cache", Tamper(lambda fr, r: setattr(fr, "cache", "rows"), requires_weights=True))
+    cache = frontier.DraftCache.for_config(LAYER_CFG, max_length=16, dtype=torch.float32, device="cpu")
+    with pytest.raises(frontier.InvariantError, match=(
+        r"^backend 'str_cache' returned a malformed Frontier: cache is str, expected the DraftCache the call appended to$"
+    )):
+        frontier_generate(LAYER_CFG, f, backend="str_cache", input_ids=ids, weights=w, cache=cache)
