@@ -782,3 +782,40 @@ def test_a_cache_of_another_type_is_named(clean_registry):
         r"^backend 'str_cache' returned a malformed Frontier: cache is str, expected the DraftCache the call appended to$"
     )):
         frontier_generate(LAYER_CFG, f, backend="str_cache", input_ids=ids, weights=w, cache=cache)
+
+
+def _ea_module(cfg, w):
+    """An EAGLE-style module holding ``w`` under the public attribute names."""
+
+    class HfConfig:
+        num_attention_heads, num_key_value_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        rope_theta, rms_norm_eps, rope_scaling = cfg.rope_theta, cfg.rms_norm_eps, None
+        vocab_size, draft_vocab_size = cfg.target_vocab_size, cfg.vocab_size
+
+    layer = torch.nn.Module()
+    layer.config = HfConfig()
+    for key, tensor in w.state_dict().items():
+        *path, leaf = key.split(".")
+        mod = layer
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        if leaf == "d2t":
+            mod.register_buffer("d2t", tensor.clone())
+        else:
+            mod.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
+    return layer
+
+
+def test_an_ea_layer_drafts_like_its_weights_and_takes_an_lm_head():
+    cfg = random_config(total_token=8, depth=2, top_k=3, vocab_size=40, target_vocab_size=60, hidden_size=16,
+                        num_attention_heads=2, num_key_value_heads=1, intermediate_size=24)
+    w = random_weights(cfg, seed=3, lm_head_scale=6.0)
+    ids, f = random_inputs(cfg, context=5, seed=3)
+    layer = _ea_module(cfg, w)
+    by_layer = frontier_generate(cfg, f, "torch_ref", input_ids=ids, ea_layer=layer)
+    assert by_layer.same_tree(frontier_generate(cfg, f, "torch_ref", input_ids=ids, weights=w))
+    other_head = torch.randn_like(w.lm_head) * 6.0
+    with_head = frontier_generate(cfg, f, "torch_ref", input_ids=ids, ea_layer=layer, lm_head=other_head)
+    assert not with_head.same_tree(by_layer)
