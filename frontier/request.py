@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -97,7 +99,7 @@ class DraftRequest:
 # ----------------------------------------------------------------------------------------------
 # Backend and weights
 # ----------------------------------------------------------------------------------------------
-def _availability(impl: Any, backend: str) -> tuple[bool, str]:
+def _availability(impl: Any) -> tuple[bool, str]:
     """``impl.availability()``, with a backend that raises or answers nonsense reported as unavailable."""
     try:
         answer = impl.availability()
@@ -107,6 +109,18 @@ def _availability(impl: Any, backend: str) -> tuple[bool, str]:
     return bool(ok), str(why)
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning raised by our caller at the first frame outside
+    this package (the user's call, however many of frontier's functions lie between)."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def resolve_backend(backend: Any, fallback: bool) -> tuple[str, Any]:
     """(name, backend object) ready to run; with ``fallback`` an unavailable backend becomes torch_ref."""
     if not isinstance(backend, str):
@@ -114,16 +128,17 @@ def resolve_backend(backend: Any, fallback: bool) -> tuple[str, Any]:
     if not isinstance(fallback, bool):
         raise InputError(f"fallback must be True or False, got fallback={fallback!r}")
     impl = get_backend(backend)
-    ok, why = _availability(impl, backend)
+    ok, why = _availability(impl)
     if not ok:
         if fallback and backend != "torch_ref":
             ref = get_backend("torch_ref")
-            ref_ok, ref_why = _availability(ref, "torch_ref")
+            ref_ok, ref_why = _availability(ref)
             if not ref_ok:
                 raise BackendUnavailableError(
                     f"backend {backend!r} cannot run here ({why}) and the fallback 'torch_ref' cannot either ({ref_why})"
                 )
-            warnings.warn(f"backend {backend!r} is unavailable ({why}); falling back to 'torch_ref'", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"backend {backend!r} is unavailable ({why}); falling back to 'torch_ref'", RuntimeWarning,
+                          stacklevel=_caller_level())
             return "torch_ref", ref
         raise BackendUnavailableError(f"backend {backend!r} cannot run here: {why}")
     return backend, impl
