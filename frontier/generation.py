@@ -49,10 +49,10 @@ import numpy as np
 import torch
 
 from .api import frontier_generate
-from .request import check_options
 from .config import FrontierConfig
 from .errors import FrontierError, InputError, NonFiniteError
 from .registry import get_backend
+from .request import check_options
 from .weights import DraftWeights
 
 __all__ = [
