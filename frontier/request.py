@@ -40,7 +40,6 @@ from .config import FrontierConfig
 from .errors import (
     BackendUnavailableError,
     CacheError,
-    FrontierError,
     InputError,
     InvariantError,
     NonFiniteError,

@@ -27,6 +27,8 @@ from frontier import registry
 from frontier.backends.stub import StubBackend
 from frontier.random_head import random_config, random_inputs, random_weights
 
+from eagle_module import eagle_style_module
+
 CFG = FrontierConfig(total_token=20, depth=3, top_k=4, vocab_size=100, hidden_size=8)  # F = 24
 
 
@@ -793,20 +795,7 @@ def _ea_module(cfg, w):
         rope_theta, rms_norm_eps, rope_scaling = cfg.rope_theta, cfg.rms_norm_eps, None
         vocab_size, draft_vocab_size = cfg.target_vocab_size, cfg.vocab_size
 
-    layer = torch.nn.Module()
-    layer.config = HfConfig()
-    for key, tensor in w.state_dict().items():
-        *path, leaf = key.split(".")
-        mod = layer
-        for part in path:
-            if not hasattr(mod, part):
-                mod.add_module(part, torch.nn.Module())
-            mod = getattr(mod, part)
-        if leaf == "d2t":
-            mod.register_buffer("d2t", tensor.clone())
-        else:
-            mod.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
-    return layer
+    return eagle_style_module(w.state_dict(), HfConfig())
 
 
 def test_an_ea_layer_drafts_like_its_weights_and_takes_an_lm_head():

@@ -9,6 +9,8 @@ import pytest
 import frontier
 from frontier import ConfigError, FrontierConfig, FrontierError
 
+from eagle_module import eagle_style_module
+
 BASE = dict(total_token=60, depth=5, top_k=10, vocab_size=32000, hidden_size=4096)
 
 
@@ -367,8 +369,6 @@ def test_replace_keeps_explicit_fields_and_rederives_the_rest():
 
 
 def test_from_ea_layer_reads_an_eagle_module():
-    import torch
-
     from frontier.random_head import random_config, random_weights
 
     cfg = random_config(total_token=20, depth=4, top_k=4, vocab_size=64, target_vocab_size=150, hidden_size=32,
@@ -379,19 +379,7 @@ def test_from_ea_layer_reads_an_eagle_module():
         rope_theta, rms_norm_eps, rope_scaling = cfg.rope_theta, cfg.rms_norm_eps, None
         vocab_size, draft_vocab_size = 150, 64
 
-    layer = torch.nn.Module()
-    layer.config = HfConfig()
-    for key, tensor in random_weights(cfg, seed=1).state_dict().items():
-        *path, leaf = key.split(".")
-        mod = layer
-        for part in path:
-            if not hasattr(mod, part):
-                mod.add_module(part, torch.nn.Module())
-            mod = getattr(mod, part)
-        if leaf == "d2t":
-            mod.register_buffer("d2t", tensor.clone())
-        else:
-            mod.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
+    layer = eagle_style_module(random_weights(cfg, seed=1).state_dict(), HfConfig())
     derived = FrontierConfig.from_ea_layer(layer, total_token=20, depth=4, top_k=4)
     assert derived == cfg
     other = FrontierConfig.from_ea_layer(layer, total_token=9, depth=2, top_k=3, rope_theta=500.0)

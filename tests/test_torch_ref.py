@@ -9,6 +9,7 @@ import torch
 import frontier
 from frontier import CacheError, DraftCache, FrontierConfig, InputError, WeightsError, frontier_generate
 from frontier.random_head import random_config, random_inputs, random_weights
+from eagle_module import eagle_style_module
 from naive_eagle import NaiveEagle
 
 # (architecture, T, D, K, V, V_t, H, heads, kv heads, I, lm_head scale, eagle2 layers)
@@ -237,19 +238,7 @@ def test_ea_layer_adapter_and_config_derivation():
         rope_theta, rms_norm_eps, rope_scaling = cfg.rope_theta, cfg.rms_norm_eps, None
         vocab_size, draft_vocab_size = 150, 64
 
-    layer = torch.nn.Module()
-    layer.config = Cfg()
-    for key, tensor in w.state_dict().items():
-        *path, leaf = key.split(".")
-        mod = layer
-        for part in path:
-            if not hasattr(mod, part):
-                mod.add_module(part, torch.nn.Module())
-            mod = getattr(mod, part)
-        if leaf == "d2t":
-            mod.register_buffer("d2t", tensor.clone())
-        else:
-            mod.register_parameter(leaf, torch.nn.Parameter(tensor.clone()))
+    layer = eagle_style_module(w.state_dict(), Cfg())
     layer.register_buffer("t2d", torch.zeros(150, dtype=torch.bool))
 
     derived = FrontierConfig.from_ea_layer(layer, total_token=20, depth=4, top_k=4)
