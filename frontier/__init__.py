@@ -19,6 +19,7 @@ from .errors import (
     InputError,
     InvariantError,
     KernelError,
+    NonFiniteError,
     RegistryError,
     WeightsError,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "WeightsError",
     "CacheError",
     "InvariantError",
+    "NonFiniteError",
     "KernelError",
     "__version__",
 ]
