@@ -125,7 +125,7 @@ def _shard_name(name: Any, index: Path, role: str) -> str:
     if not isinstance(name, str) or not name:
         raise WeightsError(f"{role} index {str(index)!r} maps a tensor to {name!r}; shard names are file names")
     parts = Path(name).parts
-    if Path(name).is_absolute() or ".." in parts or name.startswith(("/", "\\")) or "\\" in name or ":" in name:
+    if Path(name).is_absolute() or ".." in parts or "\\" in name or ":" in name:
         raise WeightsError(
             f"{role} index {str(index)!r} names shard {name!r}, which is not a relative path inside the checkpoint "
             "directory"
