@@ -80,15 +80,15 @@ def _default(value, default):
     return default if value is None else value
 
 
-def _check_model_dir(path: str, flag: str, marker: str) -> None:
-    """A local checkpoint directory holding ``marker`` (InputError naming the flag otherwise)."""
+def _check_model_dir(path: str, flag: str) -> None:
+    """A local checkpoint directory, one holding config.json (InputError naming the flag otherwise)."""
     from ..errors import InputError
 
     p = Path(path)
     if not p.is_dir():
         raise InputError(f"{flag} {path!r} is not a directory (pass a local checkpoint directory)")
-    if not (p / marker).is_file():
-        raise InputError(f"{flag} {path!r} holds no {marker}: it is not a model checkpoint directory")
+    if not (p / "config.json").is_file():
+        raise InputError(f"{flag} {path!r} holds no config.json: it is not a model checkpoint directory")
 
 
 def _ids(text: str, what: str) -> list[int]:
@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
         from ..loading import load_draft_head
 
-        _check_model_dir(args.target, "--target", "config.json")
-        _check_model_dir(args.head, "--head", "config.json")
+        _check_model_dir(args.target, "--target")
+        _check_model_dir(args.head, "--head")
         target = AutoModelForCausalLM.from_pretrained(
             args.target, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
         ).to(device).eval()
