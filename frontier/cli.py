@@ -32,7 +32,13 @@ USAGE, FAILURE = 2, 1
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line: ``frontier SUB: error: ...``."""
+    """An ArgumentParser whose usage errors are one line: ``frontier SUB: error: ...``. Flags are
+    taken only as spelled (no prefixes: ``--tree`` is not ``--tree-top-k``), so the one vocabulary
+    of :mod:`frontier.commands.argtypes` is the only one that parses."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

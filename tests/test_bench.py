@@ -6,6 +6,8 @@ each sequence exactly as a single call on the same cache state would, the table'
 and ``run_case``'s wiring with the CUDA timer replaced.
 """
 
+import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -340,10 +342,42 @@ def test_cli_graph_flag_reaches_run_bench(monkeypatch, capsys):
         return "table"
 
     monkeypatch.setattr(bench, "run_bench", fake_run_bench)
-    assert main(["bench", "--graph", "--batch", "1,16", "--depth", "7", "--backends", "triton"]) == 0
+    assert main(["bench", "--graph", "--batch", "1,16", "--depth", "7", "--backend", "triton"]) == 0
     assert seen["graph"] is True and seen["batches"] == [1, 16] and seen["depths"] == [7]
     assert seen["backends"] == ["triton"] and "table" in capsys.readouterr().out
     assert main(["bench", "--depth", "7"]) == 0 and seen["graph"] is False
+    assert seen["backends"] == ["triton", "torch_ref"] and seen["dtype"] is torch.bfloat16
+    # --backends: the old spelling of the same list, still taken
+    assert main(["bench", "--backends", "torch_ref,triton", "--dtype", "float16"]) == 0
+    assert seen["backends"] == ["torch_ref", "triton"] and seen["dtype"] is torch.float16
+
+
+def test_cli_json_prints_and_json_out_writes(monkeypatch, capsys, tmp_path):
+    """``--json`` prints the results as JSON (as every subcommand's --json does); ``--json-out PATH``
+    writes them to PATH (run_bench stubbed: no GPU here)."""
+    import frontier.bench as bench
+
+    seen = {}
+
+    def fake_run_bench(presets, depths, *, json_path=None, **kw):
+        seen["json_path"] = json_path
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"rows": [], "depths": depths}, fh)
+        return "table"
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    assert main(["bench", "--depth", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"rows": [], "depths": [5]}
+    assert not os.path.exists(seen["json_path"])  # the scratch file is gone
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--depth", "7", "--json-out", str(out)]) == 0
+    assert capsys.readouterr().out == "table\n" and json.loads(out.read_text())["depths"] == [7]
+    assert main(["bench", "--json", "--json-out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(out.read_text())
+    # the old `--json PATH` is refused, not taken as a path
+    assert main(["bench", "--json", str(out)]) == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
 
 
 def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):

@@ -1,7 +1,9 @@
-"""The `frontier` command line, run in-process: `backends` and `demo`."""
+"""The `frontier` command line, run in-process: `backends` and `demo`, and the flags every
+subcommand shares (one spelling, one meaning)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from frontier import Frontier, get_backend
-from frontier.cli import main
+from frontier.cli import build_parser, main
 from frontier.commands.render import render_tree
 from frontier.tree import pack_tree
 
@@ -56,7 +58,8 @@ NODE = re.compile(r"\[(\d+)\] (\d+)  \(depth (\d+), score (-?\d+\.\d+)\)$")
 
 
 def test_demo_stub_draws_the_tree(capsys):
-    code, out, err = run(capsys, "demo", "--backend", "stub", "--total-token", "24", "--depth", "4", "--top-k", "4")
+    code, out, err = run(capsys, "demo", "--backend", "stub", "--total-tokens", "24", "--depth", "4", "--tree-top-k",
+                          "4")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("backend=stub  T=24 depth=4 top_k=4")
@@ -73,8 +76,8 @@ def test_demo_stub_draws_the_tree(capsys):
 
 
 def test_demo_json_is_a_valid_frontier(capsys):
-    code, out, _ = run(capsys, "demo", "--backend", "stub", "--json", "--total-token", "11", "--depth", "2",
-                       "--top-k", "3", "--sampling", "--seed", "3")
+    code, out, _ = run(capsys, "demo", "--backend", "stub", "--json", "--total-tokens", "11", "--depth", "2",
+                       "--tree-top-k", "3", "--sampling", "--seed", "3")
     assert code == 0
     d = json.loads(out)
     fr = Frontier(
@@ -88,7 +91,7 @@ def test_demo_json_is_a_valid_frontier(capsys):
 
 
 def test_demo_default_backend_runs(capsys):
-    code, out, err = run(capsys, "demo", "--total-token", "12", "--depth", "3", "--top-k", "3")
+    code, out, err = run(capsys, "demo", "--total-tokens", "12", "--depth", "3", "--tree-top-k", "3")
     assert code == 0, err
     ok, why = get_backend("torch_ref").availability()
     if ok:
@@ -102,10 +105,14 @@ def test_demo_default_backend_runs(capsys):
     "argv,pattern",
     [
         (["demo", "--backend", "nope"], r"frontier demo: error: unknown backend 'nope'; registered backends: stub"),
-        (["demo", "--backend", "stub", "--total-token", "1000"], r"frontier demo: error: invalid FrontierConfig: "
-                                                                 r"total_token - 1 cannot exceed .*total_token=1000"),
-        (["demo", "--backend", "stub", "--top-k", "0"], r"frontier demo: error: argument --top-k: must be a positive "
-                                                          r"integer, got '0'"),
+        (["demo", "--backend", "stub", "--total-tokens", "1000"], r"frontier demo: error: invalid FrontierConfig: "
+                                                                  r"total_token - 1 cannot exceed .*total_token=1000"),
+        (["demo", "--backend", "stub", "--tree-top-k", "0"], r"frontier demo: error: argument --tree-top-k: must be "
+                                                               r"a positive integer, got '0'"),
+        # --top-k is sampling top-k everywhere; the demo's tree K used to be spelled so, and is refused
+        (["demo", "--backend", "stub", "--top-k", "3"], r"frontier demo: error: argument --top-k: the tree's "
+                                                          r"branching K is --tree-top-k"),
+        (["demo", "--tree", "3"], r"unrecognized arguments: --tree 3"),  # no prefixes of flags
     ],
 )
 def test_demo_errors_are_one_clear_line(capsys, argv, pattern):
@@ -127,3 +134,112 @@ def test_render_tree_without_scores():
         "│   └── [4] 5 'f'  (depth 2)",
         "└── [2] 7 'h'  (depth 1)",
     ])
+
+
+# ----------------------------------------------------------------------------------------------
+# One vocabulary: a flag is spelled, typed and meant the same in every subcommand that takes it
+# ----------------------------------------------------------------------------------------------
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _flags(p: argparse.ArgumentParser, *, hidden: bool = False) -> dict[str, argparse.Action]:
+    return {opt: a for a in p._actions for opt in a.option_strings
+            if opt.startswith("--") and opt != "--help" and (hidden or a.help is not argparse.SUPPRESS)}
+
+
+#: flag -> (dest, the subcommands that take it)
+VOCABULARY = {
+    "--backend": ("backend", {"demo", "generate", "bench"}),
+    "--total-tokens": ("total_tokens", {"demo", "generate"}),
+    "--depth": ("depth", {"demo", "generate", "bench", "inspect"}),
+    "--tree-top-k": ("tree_top_k", {"demo", "generate"}),
+    "--temperature": ("temperature", {"generate"}),
+    "--top-k": ("top_k", {"generate"}),
+    "--top-p": ("top_p", {"generate"}),
+    "--dtype": ("dtype", {"generate", "bench", "inspect"}),
+    "--device": ("device", {"generate"}),
+    "--seed": ("seed", {"demo", "generate"}),
+    "--context": ("context", {"demo", "bench"}),
+    "--head": ("head", {"demo", "generate", "bench"}),
+    "--target": ("target", {"demo", "generate", "bench", "inspect"}),
+    "--batch": ("batch", {"generate", "bench"}),
+    "--json": ("json", {"backends", "demo", "generate", "bench", "inspect"}),
+}
+#: spellings no subcommand shows (hidden aliases of the same meaning may remain)
+RETIRED = {"--total-token", "--backends", "--tree-depth", "--tree-k", "--top_k", "--total_token", "--json-path"}
+
+
+def test_every_subcommand_is_checked():
+    assert set(_subcommands()) == {"backends", "demo", "generate", "bench", "inspect"}
+
+
+@pytest.mark.parametrize("flag", sorted(VOCABULARY))
+def test_shared_flag_has_one_spelling_and_dest(flag):
+    dest, expected = VOCABULARY[flag]
+    subs = _subcommands()
+    having = {name for name, p in subs.items() if flag in _flags(p)}
+    assert having == expected, f"{flag} is taken by {sorted(having)}"
+    for name in having:
+        assert _flags(subs[name])[flag].dest == dest, (name, flag)
+
+
+def test_a_flag_means_one_thing_across_subcommands():
+    """The same option string has the same dest, and the same nargs, in every subcommand."""
+    seen: dict[str, tuple] = {}
+    for name, p in _subcommands().items():
+        for flag, action in _flags(p).items():
+            key = (action.dest, action.nargs, action.const)
+            assert seen.setdefault(flag, (name, key))[1] == key, f"{flag}: {name} {key} vs {seen[flag]}"
+
+
+def test_no_subcommand_shows_a_retired_spelling():
+    for name, p in _subcommands().items():
+        assert not RETIRED & set(_flags(p)), (name, RETIRED & set(_flags(p)))
+
+
+def test_hidden_aliases_keep_the_meaning_of_a_shown_flag():
+    """A hidden spelling either writes the dest of a shown flag of that subcommand (an alias) or is
+    refused with a pointer to the right flag (it meant something else here once)."""
+    from frontier.commands.argtypes import Refused
+
+    for name, p in _subcommands().items():
+        shown = {a.dest for a in _flags(p).values()}
+        for flag, action in _flags(p, hidden=True).items():
+            if action.help is argparse.SUPPRESS:
+                assert isinstance(action, Refused) or action.dest in shown, (name, flag)
+
+
+def test_tree_shape_flags_take_positive_ints_everywhere():
+    from frontier.commands.argtypes import positive_int
+
+    for name, p in _subcommands().items():
+        flags = _flags(p)
+        for flag in ("--total-tokens", "--tree-top-k", "--depth"):
+            if flag in flags and name != "bench":  # bench's --depth is a list of depths to time
+                assert flags[flag].type is positive_int, (name, flag)
+
+
+@pytest.mark.parametrize("spelling,name", [("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16"),
+                                           ("float16", "float16"), ("fp32", "float32"), ("float32", "float32"),
+                                           ("BF16", "bfloat16")])
+def test_every_dtype_flag_takes_every_spelling(spelling, name):
+    for sub, p in _subcommands().items():
+        flag = _flags(p).get("--dtype")
+        if flag is not None:
+            assert flag.type(spelling) == name, sub
+
+
+def test_every_dtype_flag_refuses_the_same_way(capsys):
+    for argv in (["generate", "--random-tiny", "--dtype", "int8"], ["bench", "--dtype", "int8"],
+                 ["inspect", ".", "--dtype", "int8"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and "argument --dtype: must be bf16, fp16 or fp32" in err, argv
+
+
+def test_json_prints_on_stdout_everywhere():
+    for name, p in _subcommands().items():
+        action = _flags(p)["--json"]
+        assert action.nargs == 0 and action.const is True, name  # a switch, never a path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .argtypes import positive_int
+from .argtypes import dtype_name, positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -17,10 +17,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "the backends on random heads of the preset shapes (warm, CUDA events, median).",
     )
     p.add_argument("--preset", action="append", choices=sorted(PRESETS), help="head shape (repeatable; default: all)")
-    p.add_argument("--depth", type=str, default="5,7", help="comma-separated depths (default 5,7)")
-    p.add_argument("--backends", type=str, default="triton,torch_ref", help="comma-separated backends")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    p.add_argument("--batch", type=str, default="1",
+    p.add_argument("--depth", type=str, default="5,7", metavar="D[,D...]",
+                   help="tree depth D; comma-separated depths are each timed (default 5,7)")
+    p.add_argument("--backend", type=str, default="triton,torch_ref", metavar="NAME[,NAME...]",
+                   help="backend to time; comma-separated backends are each timed (default triton,torch_ref)")
+    p.add_argument("--backends", dest="backend", type=str, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--dtype", type=dtype_name, default="bf16",
+                   help="bf16, fp16 or fp32 (also bfloat16, float16, float32; default bf16)")
+    p.add_argument("--batch", type=str, default="1", metavar="B[,B...]",
                    help="comma-separated batch sizes, e.g. 1,4,16,64 (default 1); batch B > 1 drafts B sequences "
                    "per call and also reports ms per sequence and the ratio to the batch-1 call")
     p.add_argument("--ragged", action="store_true",
@@ -33,7 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--graph", action="store_true",
                    help="also time triton's mode='graph' (its step launches replayed as a CUDA graph)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
-    p.add_argument("--json", type=str, default=None, help="write the results as JSON to this path")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    p.add_argument("--json-out", type=str, default=None, metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--head", type=str, default=None, help="time a local EAGLE head directory instead of the presets")
     p.add_argument("--target", type=str, default=None,
                    help="local target checkpoint supplying what the head does not ship (EAGLE-3 embedding)")
@@ -61,7 +66,7 @@ def run(args) -> int:
     from ..bench import PRESETS, run_bench
     from ..errors import InputError
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = getattr(torch, args.dtype)
     try:
         depths = [int(x) for x in args.depth.split(",") if x]
     except ValueError:
@@ -69,7 +74,9 @@ def run(args) -> int:
     if not depths or any(d < 1 for d in depths):
         raise InputError(f"--depth takes comma-separated positive integers (e.g. 5,7), got {args.depth!r}")
     batches = parse_batches(args.batch)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if not backends:
+        raise InputError(f"--backend takes comma-separated backend names, got {args.backend!r}")
     head, presets = None, args.preset or list(PRESETS)
     if args.head:
         from ..loading import load_draft_head
@@ -80,8 +87,24 @@ def run(args) -> int:
         presets = [f"head:{args.head}"]
     elif args.target:
         raise InputError("--target goes with --head")
-    text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
-                     json_path=args.json, batches=batches, breakdown=args.breakdown, context=args.context,
-                     new_rows=args.new_rows, head=head, ragged=args.ragged, graph=args.graph)
+    json_path, scratch = args.json_out, None
+    if args.json and json_path is None:  # run_bench writes its JSON to a file; read it back to print it
+        import tempfile
+
+        scratch = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+        scratch.close()
+        json_path = scratch.name
+    try:
+        text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
+                         json_path=json_path, batches=batches, breakdown=args.breakdown, context=args.context,
+                         new_rows=args.new_rows, head=head, ragged=args.ragged, graph=args.graph)
+        if args.json:
+            with open(json_path) as fh:
+                text = fh.read().rstrip("\n")
+    finally:
+        if scratch is not None:
+            import os
+
+            os.unlink(scratch.name)
     print(text)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .argtypes import nonnegative_int, positive_int
+from .argtypes import Refused, add_tree_shape, nonnegative_int, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,10 +16,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="backend to draft with (default: torch_ref with a random head, or stub when torch_ref cannot run here)",
     )
-    p.add_argument("--total-token", type=positive_int, default=24, help="tree size T incl. the root (default 24)")
-    p.add_argument("--depth", type=positive_int, default=4, help="tree depth D (default 4)")
-    p.add_argument("--top-k", type=positive_int, default=4, help="tree branching K (default 4)")
-    p.add_argument("--context", type=positive_int, default=16, help="context length L")
+    add_tree_shape(p, total_tokens=24, depth=4, tree_top_k=4)
+    p.add_argument("--top-k", action=Refused,
+                   instead="the tree's branching K is --tree-top-k (--top-k is sampling top-k, a generate flag)")
+    p.add_argument("--context", type=positive_int, default=16, help="context length L (default 16)")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--head", default=None, help="local EAGLE head directory instead of a random head")
     p.add_argument(
@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(args.seed)
     cfg = random_config(
-        total_token=args.total_token,
+        total_token=args.total_tokens,
         depth=args.depth,
-        top_k=args.top_k,
+        top_k=args.tree_top_k,
         vocab_size=256,
         target_vocab_size=1024,
         hidden_size=64,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         from ..loading import load_draft_head
 
         head = load_draft_head(args.head, target=args.target, device="cpu", dtype=torch.float32)
-        weights, cfg = head.weights, head.config(total_token=args.total_token, depth=args.depth, top_k=args.top_k)
+        weights, cfg = head.weights, head.config(total_token=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
     if args.backend is None:
         ok, why = get_backend("torch_ref").availability()
         args.backend = "torch_ref" if ok else "stub"

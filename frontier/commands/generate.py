@@ -15,10 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from .argtypes import add_tree_shape, dtype_name, nonnegative_float, nonnegative_int, positive_int, probability
 from .argtypes import device as device_arg
-from .argtypes import nonnegative_float, nonnegative_int, positive_int, probability
-
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,14 +57,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (lossless vs target.generate)")
     gen.add_argument("--top-p", type=probability, default=1.0)
     gen.add_argument("--top-k", type=nonnegative_int, default=0, help="sampling top-k (0 = off); the tree's K is --tree-top-k")
-    gen.add_argument("--total-token", type=positive_int, default=None, help="tree size T incl. the root (default 60; 16 random)")
-    gen.add_argument("--depth", type=positive_int, default=None, help="tree depth D (default 5; 4 random)")
-    gen.add_argument("--tree-top-k", type=positive_int, default=None, help="tree branching K (default 10; 4 random)")
+    tree = p.add_argument_group("draft tree")
+    add_tree_shape(tree, total_tokens="60; 16 with random models", depth="5; 4 with random models",
+                   tree_top_k="10; 4 with random models")
     gen.add_argument("--no-eos", action="store_true", help="ignore EOS (always run to --max-new-tokens)")
     gen.add_argument("--stop-token-ids", default=None, help="comma-separated extra stop token ids")
     run_g = p.add_argument_group("runtime")
     run_g.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
-    run_g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on cpu, bf16 on cuda")
+    run_g.add_argument("--dtype", type=dtype_name, default=None,
+                       help="bf16, fp16 or fp32 (also bfloat16, float16, float32); default fp32 on cpu, bf16 on cuda")
     run_g.add_argument("--compare", action="store_true", help="also run target.generate (greedy) and compare")
     run_g.add_argument("--warmup", action="store_true", help="run once untimed first (kernel compilation, caches)")
     run_g.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -143,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     if not preset and not (args.target and args.head):
         raise InputError("give --target DIR and --head DIR (local checkpoints), or --random-tiny for a self-contained run")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = getattr(torch, DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")])
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tokenizer = None
 
     if preset:
-        tree = dict(total_token=_default(args.total_token, 16), depth=_default(args.depth, 4),
+        tree = dict(total_token=_default(args.total_tokens, 16), depth=_default(args.depth, 4),
                     top_k=_default(args.tree_top_k, 4))
         target, cfg, weights = random_pair(preset, seed=args.seed, dtype=dtype, device=device, **tree)
         source = f"random {preset} Llama target ({target.config.num_hidden_layers} layers, hidden {target.config.hidden_size}) + random EAGLE-3 head"
@@ -162,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             args.target, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
         ).to(device).eval()
         head = load_draft_head(args.head, target=target, dtype=dtype, device=device)
-        cfg = head.config(total_token=_default(args.total_token, 60), depth=_default(args.depth, 5),
+        cfg = head.config(total_token=_default(args.total_tokens, 60), depth=_default(args.depth, 5),
                           top_k=_default(args.tree_top_k, 10))
         weights = head.weights
         source = f"{args.target} + {args.head}"

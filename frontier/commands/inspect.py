@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .argtypes import nonnegative_int, positive_float
+from .argtypes import dtype_name, positive_float, positive_int
 
 
 def _override(text: str) -> tuple[str, object]:
@@ -26,8 +26,16 @@ def _override(text: str) -> tuple[str, object]:
         return key, value  # a bare string
 
 
-#: The short dtype names that generate and bench take, accepted here too.
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+def _dtype_or_stored(text: str) -> str:
+    """--dtype: what every subcommand's --dtype takes, or ``stored`` (the bytes as on disk)."""
+    if text.strip().lower() == "stored":
+        return "stored"
+    try:
+        return dtype_name(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be bf16, fp16 or fp32 (or bfloat16, float16, float32) or 'stored', got {text!r}"
+        ) from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="head directory (config.json + model.safetensors / pytorch_model.bin, sharded or not)")
     p.add_argument("--target", default=None, help="target model checkpoint directory (checks the embedding/lm_head it would supply)")
     p.add_argument("--bandwidth-tbs", type=positive_float, default=4.27, help="GPU memory bandwidth in TB/s for the floor (default 4.27)")
-    p.add_argument("--dtype", default="bfloat16", help="dtype the bytes are counted in (default bfloat16; 'stored' = as on disk)")
-    p.add_argument("--depth", type=nonnegative_int, default=7, help="tree depth D for the floor (default 7)")
+    p.add_argument("--dtype", type=_dtype_or_stored, default="bf16",
+                   help="dtype the bytes are counted in: bf16, fp16 or fp32 (also bfloat16, float16, float32), or "
+                   "'stored' = as on disk (default bf16)")
+    p.add_argument("--depth", type=positive_int, default=7, metavar="D", help="tree depth D for the floor (default 7)")
     p.add_argument("--architecture", choices=("eagle3", "eagle2"), default=None, help="override detection from the keys")
     p.add_argument(
         "--override",
@@ -56,17 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..errors import InputError
     from ..loading import describe_draft_head, format_description
 
-    dtype = None
-    if args.dtype != "stored":
-        dtype = getattr(torch, DTYPE_ALIASES.get(args.dtype, args.dtype), None)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise InputError(
-                f"--dtype must name a floating dtype (bf16, fp16, fp32, bfloat16, float16, float32) or 'stored', "
-                f"got {args.dtype!r}"
-            )
+    dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
     d = describe_draft_head(
         args.path,
         target=args.target,
