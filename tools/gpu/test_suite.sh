@@ -4,10 +4,10 @@
 # round-robin into SHARDS pytest processes that share one Triton cache. Each shard's verbose log
 # lands in $OUT/shards.tgz; the summary counts them. Tests a shard had not reached when its time
 # ran out are listed in $OUT/unfinished.txt, to pass as the node list of a second call:
-#   bash scripts/gpu_parity.sh [SHARDS] [SECONDS] [node-id file]
-# Run with the device tool, carrying .whl (pydantic wheels; see scripts/gpu_env.sh).
-cd "$(dirname "$0")/.."
-source scripts/gpu_env.sh
+#   bash tools/gpu/test_suite.sh [SHARDS] [SECONDS] [node-id file]
+# Run with the device tool, carrying .whl (pydantic wheels; see tools/gpu/env.sh).
+cd "$(dirname "$0")/../.."
+source tools/gpu/env.sh
 SHARDS=${1:-14}
 LIMIT=${2:-520}
 OUT=${OUT:-/tmp/gpu_parity}
@@ -28,6 +28,6 @@ for s in $(seq 0 $((SHARDS - 1))); do
     "${nodes[@]}" > "$OUT/shard$s.log" 2>&1 &
 done
 wait
-python3 scripts/parity_summary.py "$OUT" "$SHARDS" | tee -a "$OUT/summary.txt"
+python3 tools/gpu/parity_summary.py "$OUT" "$SHARDS" | tee -a "$OUT/summary.txt"
 # (few files come back from the device: the shards' lists and logs travel as one archive)
 tar -C "$OUT" -czf "$OUT/shards.tgz" $(cd "$OUT" && ls shard*.txt shard*.log) && rm -f "$OUT"/shard*.txt "$OUT"/shard*.log

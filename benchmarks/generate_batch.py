@@ -2,20 +2,19 @@
 draft call and verified by ONE target forward per step. Greedy output of every prompt is
 compared with ``target.generate(do_sample=False)`` on that prompt alone (fp32: must be identical).
 
-    python3 scripts/gpu_generate_batch.py [--batches 1,4,8] [--new 64]
+    python3 benchmarks/generate_batch.py [--batches 1,4,8] [--new 64] [--backends triton,torch_ref]
+
+Prints one line per (preset, batch, backend): new tokens, seconds, tokens/s, verify steps and how
+many of the batch's outputs equal target.generate's.
 """
 import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch
 
-import torch  # noqa: E402
+from frontier.generation import generate, random_pair
 
-from frontier.generation import generate, random_pair  # noqa: E402
-
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--batches", default="1,4,8")
 ap.add_argument("--new", type=int, default=64)
 ap.add_argument("--backends", default="triton,torch_ref")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Mutation testing of frontier's core modules, each against its own targeted tests.
 
-    python scripts/mutation.py                 # every core module
-    python scripts/mutation.py tree cache      # some of them
-    python scripts/mutation.py --list          # the modules, their tests and function filters
+    python tools/mutation.py                 # every core module
+    python tools/mutation.py tree cache      # some of them
+    python tools/mutation.py --list          # the modules, their tests and function filters
 
 Each module runs in its own scratch copy (``build/mutation/<module>/``, git-ignored) with a
 ``[tool.mutmut]`` section that mutates that module only and selects its targeted tests, so a
@@ -13,7 +13,7 @@ the scratch copy, and only there, every such function's body is moved into a pla
 ``<name>_plain`` that the decorated function calls, so mutmut mutates that logic too. The
 repository's own source is never touched.
 
-A survivor is accepted only when scripts/mutation_equivalents.md lists it as equivalent: a
+A survivor is accepted only when tools/mutation_equivalents.md lists it as equivalent: a
 line containing its key ``module.function: <original line> -> <mutated line>`` (the key this
 script prints) followed by the reason. The exit status is 1 when any survivor is not listed or
 more than --max-survival percent of the reached mutants survive, else 0.
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.md"
+EQUIVALENTS = REPO / "tools" / "mutation_equivalents.md"
 
 # module -> (targeted tests (pytest arguments), mutant-name globs within the module (None: every
 # function)). The Triton backend's tests are left out: under the CPU interpreter they take minutes.

@@ -1,10 +1,17 @@
-"""Count the verbose pytest logs of ``scripts/gpu_parity.sh``'s shards: outcomes, failures, and the
-collected tests no shard reported (written to unfinished.txt)."""
+"""Count the verbose pytest logs of ``tools/gpu/test_suite.sh``'s shards: outcomes, failures, and the
+collected tests no shard reported (written to unfinished.txt).
 
+    python3 tools/gpu/parity_summary.py OUT_DIR SHARDS
+"""
+
+import argparse
 import re
-import sys
 
-out, shards = sys.argv[1], int(sys.argv[2])
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("out", help="the directory holding shard<N>.log and nodes.txt")
+ap.add_argument("shards", type=int, help="number of shards")
+a = ap.parse_args()
+out, shards = a.out, a.shards
 outcome = re.compile(r"^(tests/\S+::.+?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?: |$)")
 done, counts, failed = set(), {}, []
 for s in range(shards):

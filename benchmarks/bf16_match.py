@@ -8,24 +8,41 @@ within rounding up to it?). For the first --cpu-seeds seeds the same reference a
 CPU, and the GPU reference is checked against it the same way: the reference's own cross-device
 near-ties, the yardstick for the triton numbers.
 
-    python3 scripts/bf16_match.py --seeds 24 --dtypes float32,bfloat16,float16
+    python3 benchmarks/bf16_match.py --seeds 24 --cpu-seeds 6 --dtypes fp32,bf16,fp16
+
+Prints, per dtype, one block: the triton-vs-torch_ref tally (trees identical, calls with no
+differing decision, differences explained by near-ties, the score gap at the first difference)
+and the same tally for torch_ref on the GPU against torch_ref on the CPU.
 """
 import argparse
 import statistics
 import time
 
-import torch
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
 
-from frontier import frontier_generate
-from frontier.parity import near_tie_report
-from frontier.random_head import random_config, random_inputs, random_weights
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--seeds", type=int, default=24)
-ap.add_argument("--dtypes", default="float32,bfloat16,float16")
-ap.add_argument("--cpu-seeds", type=int, default=6)
-ap.add_argument("--ulps", type=float, default=2.0, help="near_tie_report tolerance per summed log-prob")
-a = ap.parse_args()
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=24)
+    ap.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated: bf16/bfloat16, fp16/float16, fp32/float32")
+    ap.add_argument("--cpu-seeds", type=int, default=6, help="seeds whose reference also runs on the CPU")
+    ap.add_argument("--ulps", type=float, default=2.0, help="near_tie_report tolerance per summed log-prob")
+    a = ap.parse_args(argv)
+    bad = [d for d in a.dtypes.split(",") if d not in DTYPES]
+    if bad:
+        ap.error(f"--dtypes: unknown {bad} (use {', '.join(DTYPES)})")
+    return a
+
+
+a = parse_args()
+
+import torch  # noqa: E402
+
+from frontier import frontier_generate  # noqa: E402
+from frontier.parity import near_tie_report  # noqa: E402
+from frontier.random_head import random_config, random_inputs, random_weights  # noqa: E402
+
 cfg = random_config(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1408,
                     vocab_size=4000, target_vocab_size=16000, total_token=60, depth=6, top_k=10)
 
@@ -57,7 +74,7 @@ class Tally:
 
 
 for dtn in a.dtypes.split(","):
-    dt = getattr(torch, dtn)
+    dt = getattr(torch, DTYPES[dtn])
     tri, cross = Tally(), Tally()
     t0 = time.time()
     for seed in range(a.seeds):

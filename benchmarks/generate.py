@@ -8,7 +8,10 @@ For each random target + random EAGLE-3 head pair (no downloads) and dtype:
 Random heads are almost never right, so the mean accepted length stays near 1.0 and the speed
 is below the baseline's: what this measures is the loop's overhead and the backends' draft cost.
 
-    python3 scripts/gpu_generate.py --out $OUT [--quick]
+    python3 benchmarks/generate.py --out $OUT [--quick] [--backends torch_ref,triton,triton:graph]
+
+Prints one JSON line per (case, backend) as it goes and the table at the end; writes
+generate.json and generate.md under --out (rewritten after every row, so a timeout keeps them).
 """
 
 from __future__ import annotations
@@ -19,12 +22,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch
 
-import torch  # noqa: E402
-
-import frontier  # noqa: E402
-from frontier.generation import SpeculativeGenerator, random_pair  # noqa: E402
+import frontier
+from frontier.generation import SpeculativeGenerator, random_pair
 
 CASES = [
     # (preset, dtype, new tokens, prompt length, tree (T, D, K))
@@ -49,10 +50,9 @@ class OracleBackend(frontier.Backend):
         self.reference: list[int] = []
 
     def generate(self, request):
-        from frontier.backends.stub import StubBackend
         from frontier.generation import tree_parents
 
-        fr = StubBackend().generate(request)
+        fr = frontier.get_backend("stub").generate(request)
         n = request.input_ids.shape[1]
         future = self.reference[n:]
         tokens = fr.draft_tokens[0].tolist()
@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens")
     ap.add_argument("--backends", default=None,
                     help="comma-separated (default: every available one); NAME:MODE drafts with option mode=MODE "
-                    "(e.g. triton:graph)")
+                    "(triton:persistent or triton:graph)")
     ap.add_argument("--presets", default="tiny,large", help="comma-separated random presets to run")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only for a smoke run of this script)")
     args = ap.parse_args()
