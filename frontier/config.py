@@ -4,17 +4,22 @@ The five tree/vocabulary fields (``total_token``, ``depth``, ``top_k``, ``vocab_
 ``hidden_size``) are enough for the weight-free stub backend. Backends that run the real
 draft layer also need the layer dimensions; :meth:`FrontierConfig.require_layer_dims`
 checks for them and names what is missing.
+
+:func:`config_from_ea_layer` derives a config from an EAGLE-style module's config and tensor
+shapes; :func:`detect_architecture` tells EAGLE-3 from EAGLE-2 by the public key names. Both
+live here, below :mod:`frontier.weights`, which imports this module and never the reverse.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Literal, Optional
+from typing import Any, Iterable, Literal, Optional
 
+import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, WeightsError
 
 Architecture = Literal["eagle3", "eagle2"]
 
@@ -284,10 +289,8 @@ class FrontierConfig(BaseModel):
     def from_ea_layer(cls, layer: Any, *, total_token: int, depth: int, top_k: int, **overrides: Any) -> "FrontierConfig":
         """Derive the config from an EAGLE-style module (public attribute names).
 
-        See :func:`frontier.weights.config_from_ea_layer`.
+        See :func:`config_from_ea_layer`.
         """
-        from .weights import config_from_ea_layer
-
         return config_from_ea_layer(layer, total_token=total_token, depth=depth, top_k=top_k, **overrides)
 
 
@@ -312,4 +315,70 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "invalid FrontierConfig: " + "; ".join(parts)
 
 
-__all__ = ["FrontierConfig", "Architecture"]
+def detect_architecture(keys: Iterable[str]) -> str:
+    """'eagle3' for keys with a ``midlayer.*`` entry, 'eagle2' for ``layers.N.*``; else :class:`WeightsError`."""
+    keys = set(keys)
+    if any(k.startswith("midlayer.") for k in keys):
+        return "eagle3"
+    if any(k.startswith("layers.") for k in keys):
+        return "eagle2"
+    raise WeightsError(
+        "cannot tell the head's architecture: expected 'midlayer.*' keys (eagle3) or 'layers.N.*' keys (eagle2)"
+    )
+
+
+def config_from_ea_layer(layer: Any, *, total_token: int, depth: int, top_k: int, lm_head: Any = None, **overrides: Any) -> FrontierConfig:
+    """Derive a :class:`FrontierConfig` from an EAGLE-style module (its ``config`` and shapes)."""
+    state = layer.state_dict()
+    arch = overrides.pop("architecture", None) or detect_architecture(state)
+    c = getattr(layer, "config", None)
+    fc = state["fc.weight"]
+    hidden = fc.shape[0]
+    p = "midlayer" if arch == "eagle3" else "layers.0"
+    q = state[f"{p}.self_attn.q_proj.weight"]
+    kproj = state[f"{p}.self_attn.k_proj.weight"]
+    attn = None
+    try:
+        attn = layer.midlayer.self_attn if arch == "eagle3" else layer.layers[0].self_attn
+    except AttributeError:
+        pass
+    heads = getattr(c, "num_attention_heads", None) or getattr(attn, "num_heads", None)
+    kv_heads = getattr(c, "num_key_value_heads", None) or getattr(attn, "num_key_value_heads", None)
+    head_dim = getattr(attn, "head_dim", None)
+    if heads is None and "num_attention_heads" not in overrides:
+        raise WeightsError("ea_layer has no config.num_attention_heads; pass num_attention_heads= explicitly")
+    if head_dim is None and heads:
+        head_dim = q.shape[0] // heads
+    if kv_heads is None and head_dim:
+        kv_heads = kproj.shape[0] // head_dim
+    if lm_head is not None:
+        head_rows = (lm_head.weight if isinstance(lm_head, torch.nn.Module) else lm_head).shape[0]
+    elif "lm_head.weight" in state:
+        head_rows = state["lm_head.weight"].shape[0]
+    else:
+        raise WeightsError("eagle2 heads use the target's lm_head: pass lm_head= to derive the vocabulary")
+    data: dict[str, Any] = dict(
+        total_token=total_token,
+        depth=depth,
+        top_k=top_k,
+        hidden_size=hidden,
+        vocab_size=head_rows,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=state[f"{p}.mlp.gate_proj.weight"].shape[0],
+        feature_size=fc.shape[1] if arch == "eagle3" else hidden,
+        target_vocab_size=state["embed_tokens.weight"].shape[0] if "embed_tokens.weight" in state else head_rows,
+        architecture=arch,
+        rope_theta=float(getattr(c, "rope_theta", 10000.0) or 10000.0),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6) or 1e-6),
+        rope_scaling=getattr(c, "rope_scaling", None),
+    )
+    if arch == "eagle2":
+        data["num_layers"] = len({k.split(".")[1] for k in state if k.startswith("layers.")})
+        data["fc_bias"] = "fc.bias" in state
+    data.update(overrides)
+    return FrontierConfig(**data)
+
+
+__all__ = ["FrontierConfig", "Architecture", "detect_architecture", "config_from_ea_layer"]

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
-from .config import FrontierConfig
+from .config import FrontierConfig, config_from_ea_layer, detect_architecture
 from .errors import WeightsError
 
 
@@ -332,71 +332,6 @@ class DraftWeights:
                 state.pop("d2t", None)
         state.pop("t2d", None)
         return cls.from_state_dict(state, architecture=arch, lm_head=None if head is None else head.detach(), where="ea_layer")
-
-
-def detect_architecture(keys: Iterable[str]) -> str:
-    keys = set(keys)
-    if any(k.startswith("midlayer.") for k in keys):
-        return "eagle3"
-    if any(k.startswith("layers.") for k in keys):
-        return "eagle2"
-    raise WeightsError(
-        "cannot tell the head's architecture: expected 'midlayer.*' keys (eagle3) or 'layers.N.*' keys (eagle2)"
-    )
-
-
-def config_from_ea_layer(layer: Any, *, total_token: int, depth: int, top_k: int, lm_head: Any = None, **overrides: Any) -> FrontierConfig:
-    """Derive a :class:`FrontierConfig` from an EAGLE-style module (its ``config`` and shapes)."""
-    state = layer.state_dict()
-    arch = overrides.pop("architecture", None) or detect_architecture(state)
-    c = getattr(layer, "config", None)
-    fc = state["fc.weight"]
-    hidden = fc.shape[0]
-    p = "midlayer" if arch == "eagle3" else "layers.0"
-    q = state[f"{p}.self_attn.q_proj.weight"]
-    kproj = state[f"{p}.self_attn.k_proj.weight"]
-    attn = None
-    try:
-        attn = layer.midlayer.self_attn if arch == "eagle3" else layer.layers[0].self_attn
-    except AttributeError:
-        pass
-    heads = getattr(c, "num_attention_heads", None) or getattr(attn, "num_heads", None)
-    kv_heads = getattr(c, "num_key_value_heads", None) or getattr(attn, "num_key_value_heads", None)
-    head_dim = getattr(attn, "head_dim", None)
-    if heads is None and "num_attention_heads" not in overrides:
-        raise WeightsError("ea_layer has no config.num_attention_heads; pass num_attention_heads= explicitly")
-    if head_dim is None and heads:
-        head_dim = q.shape[0] // heads
-    if kv_heads is None and head_dim:
-        kv_heads = kproj.shape[0] // head_dim
-    if lm_head is not None:
-        head_rows = (lm_head.weight if isinstance(lm_head, torch.nn.Module) else lm_head).shape[0]
-    elif "lm_head.weight" in state:
-        head_rows = state["lm_head.weight"].shape[0]
-    else:
-        raise WeightsError("eagle2 heads use the target's lm_head: pass lm_head= to derive the vocabulary")
-    data: dict[str, Any] = dict(
-        total_token=total_token,
-        depth=depth,
-        top_k=top_k,
-        hidden_size=hidden,
-        vocab_size=head_rows,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=state[f"{p}.mlp.gate_proj.weight"].shape[0],
-        feature_size=fc.shape[1] if arch == "eagle3" else hidden,
-        target_vocab_size=state["embed_tokens.weight"].shape[0] if "embed_tokens.weight" in state else head_rows,
-        architecture=arch,
-        rope_theta=float(getattr(c, "rope_theta", 10000.0) or 10000.0),
-        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6) or 1e-6),
-        rope_scaling=getattr(c, "rope_scaling", None),
-    )
-    if arch == "eagle2":
-        data["num_layers"] = len({k.split(".")[1] for k in state if k.startswith("layers.")})
-        data["fc_bias"] = "fc.bias" in state
-    data.update(overrides)
-    return FrontierConfig(**data)
 
 
 __all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes"]
