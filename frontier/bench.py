@@ -346,7 +346,7 @@ class BatchCallSetup:
 
 
 def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.dtype, bandwidth: float,
-             reps: int = 50, kernel_only: bool = True, graph: bool = False) -> BenchRow:
+             reps: int = 50, kernel_only: bool = True, persistent: bool = False) -> BenchRow:
     make = CallSetup if case.batch == 1 else BatchCallSetup  # batch 1 stays the single-sequence call
     setup = make(case, device=device, dtype=dtype)
     fb = floor_bytes(setup.cfg, setup.weights)
@@ -357,14 +357,15 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     for name in backends:
         warmup, r = timing_reps(name, case.batch, reps)
         row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
-        if name == "triton" and graph:  # the measured alternative: step launches replayed as a CUDA graph
-            row.results["triton graph"] = time_calls(lambda: setup.call(name, mode="graph"), warmup=warmup, reps=r)
-            if kernel_only:  # the replayed graph's device time alone
-                row.results["triton graph kernel"] = time_calls(lambda: triton_kernel_only(setup, "graph"), reps=r,
-                                                                device_only=True)
-        if name == "triton" and kernel_only:  # one launch: with its host preparation, and the device alone
+        if name == "triton" and kernel_only:  # the default mode's launch with its host work, and the device alone
             row.results["triton launch"] = time_calls(lambda: triton_kernel_only(setup), reps=r)
             row.results["triton kernel"] = time_calls(lambda: triton_kernel_only(setup), reps=r, device_only=True)
+        if name == "triton" and persistent:  # the one-launch mode beside the default
+            row.results["triton persistent"] = time_calls(lambda: setup.call(name, mode="persistent"), warmup=warmup,
+                                                          reps=r)
+            if kernel_only:
+                row.results["triton persistent kernel"] = time_calls(
+                    lambda: triton_kernel_only(setup, "persistent"), reps=r, device_only=True)
         if name == "triton":
             from .registry import get_backend
 
@@ -374,9 +375,9 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     return row
 
 
-def triton_kernel_only(setup, mode: str = "persistent") -> None:
-    """The triton backend's device work alone (no validation, no tree packing): one launch for
-    the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
+def triton_kernel_only(setup, mode: str = "graph") -> None:
+    """The triton backend's device work alone (no validation, no tree packing): one launch (or
+    graph replay) for the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
     from .backends.triton.launch import Drafter
     from .registry import get_backend
 
@@ -419,19 +420,19 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
 
 @functools.lru_cache(maxsize=1)
 def _phase_names() -> dict[int, str]:
-    from .backends.triton import kernels as K_
+    from .backends.triton.kernels import Phase
 
-    return {v: k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_")}
+    return {int(p): p.name.lower() for p in Phase}
 
 
 def entry_name(code: int) -> str:
     """The phase name of a triton schedule entry (``phase * 256 + depth``) as the breakdowns print
-    it: the lower-case ``kernels.PH_*`` name, ``"ctx <phase>"`` in the context step, the bare
-    code for a phase that has no name."""
-    from .backends.triton import kernels as K_
+    it: the lower-case ``Phase`` name, ``"ctx <phase>"`` in the context step, the bare code for a
+    phase that has no name."""
+    from .backends.triton.kernels import CONTEXT_STEP
 
     ph, i = divmod(code, 256)
-    return ("ctx " if i == K_.CTX_DEPTH else "") + _phase_names().get(ph, str(ph))
+    return ("ctx " if i == CONTEXT_STEP else "") + _phase_names().get(ph, str(ph))
 
 
 def phase_totals(schedule: list[int], runs: list[list[float]]) -> dict[str, float]:
@@ -504,7 +505,7 @@ def check_batches(batches: Any) -> list[int]:
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
               breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None,
-              ragged: bool = False, graph: bool = False) -> str:
+              ragged: bool = False, persistent: bool = False) -> str:
     """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head; each
     preset and depth is timed at every batch size of ``batches`` (default [1]); ``ragged``
     spreads the contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
@@ -524,7 +525,7 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
                                  batch=batch, ragged=ragged)
                 rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps,
-                                     graph=graph))
+                                     persistent=persistent))
             if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
                 breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)

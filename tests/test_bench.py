@@ -331,8 +331,9 @@ def test_run_case_wiring_on_cpu(monkeypatch):
     assert row1.floor_ms == row.floor_ms and not row1.ragged
 
 
-def test_cli_graph_flag_reaches_run_bench(monkeypatch, capsys):
-    """``--graph`` asks run_bench for triton's mode='graph' column (run_bench stubbed: no GPU here)."""
+def test_cli_persistent_flag_reaches_run_bench(monkeypatch, capsys):
+    """``--persistent`` asks run_bench for triton's mode='persistent' columns (run_bench stubbed: no
+    GPU here)."""
     import frontier.bench as bench
 
     seen = {}
@@ -342,10 +343,10 @@ def test_cli_graph_flag_reaches_run_bench(monkeypatch, capsys):
         return "table"
 
     monkeypatch.setattr(bench, "run_bench", fake_run_bench)
-    assert main(["bench", "--graph", "--batch", "1,16", "--depth", "7", "--backend", "triton"]) == 0
-    assert seen["graph"] is True and seen["batches"] == [1, 16] and seen["depths"] == [7]
+    assert main(["bench", "--persistent", "--batch", "1,16", "--depth", "7", "--backend", "triton"]) == 0
+    assert seen["persistent"] is True and seen["batches"] == [1, 16] and seen["depths"] == [7]
     assert seen["backends"] == ["triton"] and "table" in capsys.readouterr().out
-    assert main(["bench", "--depth", "7"]) == 0 and seen["graph"] is False
+    assert main(["bench", "--depth", "7"]) == 0 and seen["persistent"] is False
     assert seen["backends"] == ["triton", "torch_ref"] and seen["dtype"] is torch.bfloat16
     # --backends: the old spelling of the same list, still taken
     assert main(["bench", "--backends", "torch_ref,triton", "--dtype", "float16"]) == 0
@@ -380,8 +381,9 @@ def test_cli_json_prints_and_json_out_writes(monkeypatch, capsys, tmp_path):
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
-def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
-    """run_case adds a 'triton graph' variant (the same call with mode='graph') when graph=True."""
+def test_run_case_times_the_persistent_mode_only_when_asked(monkeypatch):
+    """run_case adds a 'triton persistent' variant (the same call with mode='persistent') when
+    persistent=True; 'triton' is the backend's default mode."""
     import frontier.bench as bench
 
     calls = []
@@ -400,8 +402,9 @@ def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
-                         kernel_only=False, graph=True)
-    assert calls == [("triton", None), ("triton", "graph")] and set(row.results) == {"triton", "triton graph"}
+                         kernel_only=False, persistent=True)
+    assert calls == [("triton", None), ("triton", "persistent")]
+    assert set(row.results) == {"triton", "triton persistent"}
     calls.clear()
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
                          kernel_only=False)
@@ -411,7 +414,8 @@ def test_run_case_times_the_graph_mode_only_when_asked(monkeypatch):
 def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch):
     """kernel_only adds 'triton launch' (one launch, the GPU idle while the host prepares it) and
     'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True)),
-    and with graph=True 'triton graph kernel' (the replayed graph's device work alone)."""
+    and with persistent=True 'triton persistent' and 'triton persistent kernel' (the one
+    cooperative launch's device work alone)."""
     import frontier.bench as bench
 
     case = tiny_case(batch=1, context=8, new_rows=2)
@@ -430,26 +434,27 @@ def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch
 
     monkeypatch.setattr(bench, "CallSetup", FakeSetup)
     monkeypatch.setattr(bench, "time_calls", fake_time_calls)
-    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="persistent": f"launch {mode}")
+    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="graph": f"launch {mode}")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12)
-    assert timed == [("triton", False), ("launch persistent", False), ("launch persistent", True)]
+    assert timed == [("triton", False), ("launch graph", False), ("launch graph", True)]
     assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0}
-    # with graph=True also the replayed graph's device time alone ('triton graph kernel')
+    # with persistent=True also the one-launch mode, whole call and device time alone
     timed.clear()
-    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12, graph=True)
-    assert timed == [("triton", False), ("triton", False), ("launch graph", True), ("launch persistent", False),
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
+                         persistent=True)
+    assert timed == [("triton", False), ("launch graph", False), ("launch graph", True), ("triton", False),
                      ("launch persistent", True)]
-    assert row.results == {"triton": 3.0, "triton graph": 3.0, "triton graph kernel": 2.0, "triton launch": 3.0,
-                           "triton kernel": 2.0}
+    assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0, "triton persistent": 3.0,
+                           "triton persistent kernel": 2.0}
 
 
 def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():
     """The in-kernel breakdown: per schedule entry the median over runs (us), summed per phase
     name in ms, context-step phases apart."""
-    from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.launch import build_schedule
+    from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
+    from frontier.backends.triton.schedule import build_schedule
     from frontier.bench import phase_totals
 
     sched = build_schedule("eagle3", 2)
@@ -459,10 +464,10 @@ def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():
     expect: dict[str, float] = {}
     for j, code in enumerate(sched):
         ph, i = divmod(code, 256)
-        name = [k[3:].lower() for k, v in vars(K_).items() if k.startswith("PH_") and v == ph][0]
-        key = ("ctx " if i == K_.CTX_DEPTH else "") + name
+        name = Phase(ph).name.lower()
+        key = ("ctx " if i == CONTEXT_STEP else "") + name
         expect[key] = expect.get(key, 0.0) + 2 * (j + 1) / 1e3
     assert per == pytest.approx(expect)
     assert per["lmhead"] == pytest.approx(sum(2 * (j + 1) / 1e3 for j, c in enumerate(sched)
-                                              if c // 256 == K_.PH_LMHEAD and c % 256 != K_.CTX_DEPTH))
+                                              if c // 256 == Phase.LMHEAD and c % 256 != CONTEXT_STEP))
     assert "ctx fc" in per and "fc" not in per and "final" in per

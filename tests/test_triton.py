@@ -230,19 +230,17 @@ def test_gpu_barrier_timeout_raises_and_keeps_cache(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("barrier", [0, 1, 2])
-def test_gpu_barrier_variants_hold_every_program_and_draft_alike(barrier):
-    """``Tuning.barrier`` picks how a grid barrier acquires (an atomic after the polls, an
-    acquiring load after them, acquiring polls). With every program's global-timer stamps
-    (``timing=2``): no program leaves a barrier before the last one has reached it, and each
-    program's stamps run in order; the persistent launch drafts the tree of the same schedule
-    run as separate launches (no barrier at all) on fresh caches."""
+def test_gpu_barrier_holds_every_program_and_drafts_as_separate_launches():
+    """With every program's global-timer stamps (``timing=2``): no program leaves a grid barrier
+    before the last one has reached it, and each program's stamps run in order; the persistent
+    launch drafts the tree of the same schedule run as separate launches (no barrier at all) on
+    fresh caches."""
     from frontier.backends.triton.launch import Tuning
 
     cfg = random_config(total_token=18, depth=3, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=71, lm_head_scale=6.0, device="cuda")
     seqs, _ = _ragged(cfg, 72, batch=3, lo=3, hi=9)
-    tn = Tuning(barrier=barrier)
+    tn = Tuning()
     ref = _draft_tuned(cfg, w, seqs, tn)[1]
     d, got = _draft_tuned(cfg, w, seqs, tn, mode="persistent", timing=2)
     d.check_error()
@@ -422,14 +420,15 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
                                       pytest.param("eagle3", 95, marks=pytest.mark.slow)])
 def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch):
     """Step launches give the context step's phases over one row per sequence builds of their
-    own (``Tuning.ctx_builds``, ``LaunchPlan.ctx_const``): in wide plans gate/up and the lm_head
-    on a tile of pow2(batch) rows with the register lm_head (whose partials that step's MERGE
-    reads, not the logits scratch of ``Tuning.merge_rows``), and the fused attention a query
+    own (``LaunchPlan.ctx_const``): in wide plans gate/up and the lm_head on a tile of pow2(batch)
+    rows with the register lm_head (whose partials that step's MERGE reads, not the wide
+    launches' logits scratch), and the fused attention a query
     block of one row's heads; the tree depths keep the wide tile, the wide lm_head and a block of
     top_k rows. The unsplit o_proj and down (the context step's alone in wide plans) fold their
     k-chunks. Each sequence of a ragged batch drafts what torch_ref drafts for it alone, over
     three calls."""
-    from frontier.backends.triton import kernels as K_
+    import frontier.backends.triton.launch as launch
+    from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56, hidden_size=64,
@@ -442,33 +441,32 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
     c = p.const
     assert p.wide and p.fused and c["LM_WIDE"] and c["BM"] + c["BM2"] > 16 and c["BLOCK_Q"] == 32
     assert c["FOLD_O"] > 1 and c["FOLD_D"] > 1
-    assert set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
-    assert not Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(ctx_builds=False, **wide)).plan(3).ctx_const
+    assert set(p.ctx_const) == {Phase.GATEUP, Phase.LMHEAD, Phase.MERGE, Phase.ATTN_F}
     assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow, split attention
-    real = K_.drafter_kernel
+    real = launch.drafter_kernel
     seen = []
 
     class Spy:  # records each launch's phase, depth and constants
         def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append((int(args[0][0]), kw))
-                return real[grid](*args, **kw)
-            return launch
+            def run(**kw):
+                seen.append((int(kw["sched_ptr"][0]), kw))
+                return real[grid](**kw)
+            return run
 
-    monkeypatch.setattr(K_, "drafter_kernel", Spy())
+    monkeypatch.setattr(launch, "drafter_kernel", Spy())
     _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     got = {}
     for code, kw in seen:
-        ph, ctx = code // 256, code % 256 == K_.CTX_DEPTH
-        if ph in (K_.PH_GATEUP, K_.PH_LMHEAD):
+        ph, ctx = code // 256, code % 256 == CONTEXT_STEP
+        if ph in (Phase.GATEUP, Phase.LMHEAD):
             got.setdefault((ph, ctx), set()).add((kw["BM"], kw["BM2"], kw["LM_WIDE"]))
-        elif ph == K_.PH_ATTN_F:
+        elif ph == Phase.ATTN_F:
             got.setdefault((ph, ctx), set()).add(kw["BLOCK_Q"])
     tree = {(c["BM"], c["BM2"], True)}
-    assert got == {(K_.PH_GATEUP, True): {(16, 0, True)}, (K_.PH_LMHEAD, True): {(16, 0, False)},
-                   (K_.PH_GATEUP, False): tree, (K_.PH_LMHEAD, False): tree,
-                   (K_.PH_ATTN_F, True): {16}, (K_.PH_ATTN_F, False): {32}}
+    assert got == {(Phase.GATEUP, True): {(16, 0, True)}, (Phase.LMHEAD, True): {(16, 0, False)},
+                   (Phase.GATEUP, False): tree, (Phase.LMHEAD, False): tree,
+                   (Phase.ATTN_F, True): {16}, (Phase.ATTN_F, False): {32}}
 
 
 def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref(monkeypatch):
@@ -513,6 +511,16 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
 
     d = Drafter(cfg, w.dtype, torch.device(DEVICE), tn)
     return d, _launch_on(d, cfg, w, seqs, mode, timing)
+
+
+def _with_consts(d, batch, **const):
+    """Drafter ``d`` with its plan for ``batch`` changed by hand (constants of code paths that
+    both exist in the kernel, e.g. 64-bit keys where the plan picks 32-bit ones)."""
+    import dataclasses
+
+    p = d.plan(batch)
+    d._plans[next(k for k, v in d._plans.items() if v is p)] = dataclasses.replace(p, const=dict(p.const, **const))
+    return d
 
 
 def _launch_on(d, cfg, w, seqs, mode="steps", timing=0):
@@ -589,44 +597,40 @@ def test_batch_with_many_sub_slabs_and_row_tiles_matches_default_tuning():
     for other in outs[1:]:
         _assert_same_launch(outs[0], other)
     # the wide launch split K in the tree depths' QKV / o_proj / down (its own schedule)
-    from frontier.backends.triton import kernels as K_
-    from frontier.backends.triton.launch import split_slab
+    from frontier.backends.triton.kernels import Phase
+    from frontier.backends.triton.tuning import split_slab
 
     assert split_slab(cfg.hidden_size, cfg.intermediate_size, 2, 4, wide, 16, 256)[0] > 1
-    assert K_.PH_RED_D * 256 in build_schedule_codes(cfg, True)
+    from frontier.backends.triton.schedule import build_schedule
+
+    assert Phase.RED_D * 256 not in build_schedule_codes(cfg, True)  # eagle3: the final norm sums down's parts
+    assert Phase.RED_D * 256 in build_schedule("eagle2", cfg.depth, split_k=True)
 
 
 @pytest.mark.parametrize("arch,seed", [("eagle3", 67), pytest.param("eagle2", 67, marks=pytest.mark.slow),
                                       pytest.param("eagle3", 85, marks=pytest.mark.slow)])
-def test_phases_that_sum_split_k_partials_draft_the_same_bits(arch, seed):
+def test_phases_that_sum_split_k_partials_draft_what_unsplit_launches_draft(arch, seed):
     """Wide launches let the phase after each split-K phase sum its partials itself - RoPE the
-    QKV's, the post-attention norm the o_proj's, eagle3's final norm down's
-    (``Tuning.inline_sums``) - so those reductions are no phases of their own: the same trees,
-    scores and cache rows, bit for bit, as with the reduction phases, in step launches (one
-    program per row) and with the whole phase switch on the grid. The context step keeps the
-    tree rows' tiles in all three (``ctx_builds=False``; the whole switch has no builds of its
-    own for it), so the interpreter's dot multiplies tiles of one width in every variant (why
-    that matters: ``_assert_same_bits_across_tile_widths``)."""
-    from frontier.backends.triton import kernels as K_
+    QKV's, the post-attention norm the o_proj's, eagle3's final norm down's - so only eagle2's
+    down keeps a reduction phase (RED_D: no norm follows it); at the tree depths RoPE and the
+    post-attention norm get one program per row. The trees, scores and cache rows are those of
+    a narrow launch of the same batch (scores to fp32 rounding: split-K sums in another order)."""
+    from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
     from frontier.backends.triton.launch import Tuning
 
     cfg = _arch_config(arch, 150, total_token=18, depth=2, top_k=4, vocab_size=90)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=5, lo=3, hi=9)
-    wide = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64, ctx_builds=False)
-    outs = []
-    for tn in (Tuning(inline_sums=False, **wide), Tuning(**wide), Tuning(phase_kernels=False, step_grids=False, **wide)):
-        d, out = _draft_tuned(cfg, w, seqs, tn)
-        sched = [c // 256 for c in d.schedule_list]
-        assert d.plan(len(seqs)).wide
-        assert (K_.PH_RED_QKV in sched) == (K_.PH_RED_O in sched) == (not tn.inline_sums)
-        assert (K_.PH_RED_D in sched) == (not tn.inline_sums or arch == "eagle2")
-        tree_norms = [g for c, g in zip(d.schedule_list, d.step_grid_list)
-                      if c // 256 in (K_.PH_ROPE, K_.PH_NORM_POST) and c % 256 != K_.CTX_DEPTH]
-        assert tree_norms and all(g == (len(seqs) * cfg.top_k if tn.step_grids else d.grid) for g in tree_norms)
-        outs.append(out)
-    for other in outs[1:]:
-        _assert_same_bits(outs[0], other)
+    d, wide = _draft_tuned(cfg, w, seqs, Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64))
+    sched = [c // 256 for c in d.schedule_list]
+    assert d.plan(len(seqs)).wide
+    assert (Phase.RED_D in sched) == (arch == "eagle2")
+    tree_rows = [g for c, g in zip(d.schedule_list, d.step_grid_list)
+                 if c // 256 in (Phase.ROPE, Phase.NORM_POST) and c % 256 != CONTEXT_STEP]
+    assert tree_rows and all(g == len(seqs) * cfg.top_k for g in tree_rows)
+    d, narrow = _draft_tuned(cfg, w, seqs, Tuning())
+    assert not d.plan(len(seqs)).wide
+    _assert_same_launch(narrow, wide, score_rtol=2e-5)
 
 
 def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
@@ -636,7 +640,8 @@ def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
     launch plan must carry each depth, and the k-chunks the depths choose must not change what
     is drafted (a tiny shared-memory budget forces different chunks per phase here; other
     chunks sum each dot in another order, so the new cache rows agree to fp32 rounding)."""
-    from frontier.backends.triton.launch import Drafter, Tuning, slab
+    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.tuning import slab
 
     tn = Tuning()
     prev = None
@@ -748,8 +753,7 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
     """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
     6 sequences x top_k 6 = 36 rows as 32 + 16 instead of one 64-row tile, so every weight chunk
     meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
-    logits). Trees, scores and cache rows must equal the one-tile launch's, and the tokens and
-    tree torch_ref's for each sequence drafted alone. The context step's unsplit o_proj and down
+    logits). The tokens and tree must be torch_ref's for each sequence drafted alone. The context step's unsplit o_proj and down
     (one row per sequence) take their own 16-row tile (``BMP_B``), not the 64-row one."""
     from frontier.backends.triton.launch import Tuning
     from frontier.cache import DraftCache
@@ -757,15 +761,11 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
     cfg = random_config(total_token=14, depth=2, top_k=6, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=6, lo=3, hi=9)
-    outs = []
-    for exact in (True, False):
-        tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64, exact_rows=exact)
-        d, out = _draft_tuned(cfg, w, seqs, tn)
-        assert d.row_tiles(6) == ((32, 16) if exact else (64, 0))
-        assert (d.plan(6).const["BMP"], d.plan(6).const["BMP_B"]) == (64, 16)
-        outs.append(out)
-    _assert_same_launch(*outs)
-    t0 = outs[0][0]
+    tn = Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64)
+    d, out = _draft_tuned(cfg, w, seqs, tn)
+    assert d.row_tiles(6) == (32, 16)
+    assert (d.plan(6).const["BMP"], d.plan(6).const["BMP_B"]) == (64, 16)
+    t0 = out[0]
     for b, (ids, feats) in enumerate(seqs):
         ref = frontier_generate(cfg, feats.to(DEVICE), "torch_ref", input_ids=ids.to(DEVICE), weights=w,
                                 cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
@@ -777,9 +777,9 @@ def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
                          [pytest.param(83, 32, 4, 2, marks=pytest.mark.slow), (97, 30, 3, 1)])
 def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, heads, kv_heads):
     """Narrow eagle3 launches stream the next depth's QKV over the hidden half of its input during
-    MERGE (``Tuning.qkv_ahead``) and the QKV phase only over the embedding half plus each row's
-    parent partial. The default runs it when the tree rows fit the batch-1 tile; here two
-    sequences' 2 x 3 rows share a 32-row one (``BM=32``). Over grids where the streaming programs
+    MERGE and the QKV phase only over the embedding half plus each row's parent partial. It runs
+    when the tree rows fit the batch-1 tile (``Tuning.BM``); here two sequences' 2 x 3 rows share
+    a 32-row one (``BM=32``), and ``BM=8`` (below every tile) gives the one-stream launch. Over grids where the streaming programs
     are the ones after the merged rows (12 and 8 programs) and the interpreter's 2 programs (every
     program streams after its rows), and for a hidden size whose half is not 16-byte aligned
     (30 x fp32): trees, scores and cache rows equal the one-stream launch, tokens and tree
@@ -793,11 +793,11 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(qkv_ahead=False), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32)):
+    for tn in (Tuning(BM=8), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
-        assert d.qkv_ahead(2) == tn.qkv_ahead
+        assert d.qkv_ahead(2) == (tn.BM == 32)
         outs.append(out)
-        if tn.qkv_ahead:  # the partials of the last step that streamed them (depth D-2's rows)
+        if tn.BM == 32:  # the partials of the last step that streamed them (depth D-2's rows)
             lw = w.layers[0]
             wh = torch.cat([lw.q_proj, lw.k_proj, lw.v_proj])[:, hidden:]
             rows = 2 * cfg.top_k
@@ -825,17 +825,17 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
                          [pytest.param("eagle3", False, 61, 32, 4, 2, marks=pytest.mark.slow),
                           ("eagle2", True, 71, 32, 4, 2),
                           pytest.param("eagle3", False, 83, 30, 3, 1, marks=pytest.mark.slow)])
-def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed, hidden, heads, kv_heads):
-    """Step launches build the kernel for each entry's phase alone (``Tuning.phase_kernels``) and
-    give the phases that loop over a few items no more programs than items (``step_grids``):
-    on a 12-program grid a ragged batch of 3 (split and fused attention, the hidden-half QKV
-    ahead for eagle3) drafts the same trees, scores and cache rows, bit for bit, as the whole
-    phase switch on the full grid (several seeds; one head with a hidden size of 30 and 3 heads
-    over 1 KV head) - and FINAL and SELECT run one program per sequence (SELECT is no entry of its
+def test_phase_kernels_on_their_own_grids_draft_what_the_small_grid_drafts(arch, fused, seed, hidden, heads,
+                                                                             kv_heads):
+    """Step launches build the kernel for each entry's phase alone and give the phases that loop
+    over a few items no more programs than items: on a 12-program grid a ragged batch of 3 (split
+    and fused attention, the hidden-half QKV ahead for eagle3) drafts the trees of the
+    interpreter's 2-program grid (scores to fp32 rounding; several seeds; one head with a hidden
+    size of 30 and 3 heads over 1 KV head) - and FINAL and SELECT run one program per sequence (SELECT is no entry of its
     own where MERGE runs it: eagle3, whose MERGE streams the next depth's QKV half here), the
     weight streams on the whole grid, MERGE on the whole grid where it streams the next depth's
     QKV and else one program per row."""
-    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
     from frontier.backends.triton.launch import Tuning
 
     cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
@@ -843,55 +843,44 @@ def test_phase_kernels_on_their_own_grids_draft_the_same_bits(arch, fused, seed,
                         num_attention_heads=heads, num_key_value_heads=kv_heads)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=3, lo=3, hi=9)
-    over = dict(grid=12, BM=32, fused_attention=fused)
-    d, new = _draft_tuned(cfg, w, seqs, Tuning(**over))
-    _, old = _draft_tuned(cfg, w, seqs, Tuning(phase_kernels=False, step_grids=False, **over))
-    _assert_same_bits(new, old)
+    d, new = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, fused_attention=fused))
+    _, small = _draft_tuned(cfg, w, seqs, Tuning(grid=2, BM=32, fused_attention=fused))
+    _assert_same_launch(small, new)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
     assert d.plan(3).sel == (arch == "eagle3") == d.plan(3).qh
-    assert (K_.PH_SELECT not in grids) if d.plan(3).sel else grids[K_.PH_SELECT] == 3
-    assert grids[K_.PH_FINAL] == 3
-    assert grids[K_.PH_LMHEAD] == grids[K_.PH_GATEUP] == 12
-    merges = [(code % 256, g) for code, g in zip(d.schedule_list, d.step_grid_list) if code // 256 == K_.PH_MERGE]
+    assert (Phase.SELECT not in grids) if d.plan(3).sel else grids[Phase.SELECT] == 3
+    assert grids[Phase.FINAL] == 3
+    assert grids[Phase.LMHEAD] == grids[Phase.GATEUP] == 12
+    merges = [(code % 256, g) for code, g in zip(d.schedule_list, d.step_grid_list) if code // 256 == Phase.MERGE]
     for i, g in merges:  # the whole grid where it streams the next depth's QKV, else one program per row
-        ahead = arch == "eagle3" and d.plan(3).qh and (i == K_.CTX_DEPTH or i + 1 < cfg.depth)
-        assert g == (12 if ahead else 3 if i == K_.CTX_DEPTH else 9), (i, g)
+        ahead = arch == "eagle3" and d.plan(3).qh and (i == CONTEXT_STEP or i + 1 < cfg.depth)
+        assert g == (12 if ahead else 3 if i == CONTEXT_STEP else 9), (i, g)
     assert (arch == "eagle3") == any(g == 12 for _, g in merges)
     assert d.plan(3).fused == fused
-    assert grids[K_.PH_ATTN_F if fused else K_.PH_ATTN] <= 12
+    assert grids[Phase.ATTN_F if fused else Phase.ATTN] <= 12
 
 
-def test_pdl_trigger_policies_pick_when_each_launch_lets_the_next_start():
+def test_pdl_lets_a_launch_start_early_unless_it_would_crowd_a_weight_stream():
     """Programmatic dependent launch of the step launches (``Tuning.pdl``): every launch is made
-    with it and waits in the kernel; ``pdl_trigger`` decides whether a launch lets the next one
-    start right after its wait (PDL 1) or after its work (PDL 2). Off on a CPU and under the
-    interpreter; an unknown policy is refused when the tuning is made."""
-    from frontier.backends.triton import kernels as K_
+    with it and waits in the kernel; a launch lets the next one start right after its wait (PDL
+    1) unless it is a weight stream followed by a launch that is neither a stream nor small (at
+    most ``pdl_max_grid`` programs) - then after its work (PDL 2). Off on a CPU and under the
+    interpreter."""
+    from frontier.backends.triton.kernels import Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = random_config()
     # a weight stream before a stream, before a small launch, before a full-grid one; the last
-    sched = [(K_.PH_GATEUP, 12), (K_.PH_DOWN, 12), (K_.PH_SELECT, 1), (K_.PH_LMHEAD, 12), (K_.PH_MERGE, 12),
-             (K_.PH_QKV, 12), (K_.PH_ROPE, 3), (K_.PH_FINAL, 1)]
-    want = {
-        "start": [1] * 8,
-        "end": [2] * 8,
-        "streams_end": [2, 2, 1, 2, 1, 2, 1, 1],
-        "small": [1, 1, 1, 2, 1, 1, 1, 1],
-        "small_only": [2, 1, 1, 2, 1, 1, 1, 1],
-    }
-    for trigger, pdl in want.items():
-        d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, pdl=True, pdl_trigger=trigger,
-                                                                      pdl_max_grid=4))
-        d.schedule_list = [ph * 256 for ph, _ in sched]
-        d.step_grid_list = [g for _, g in sched]
-        d.n_steps = len(sched)
-        got = [d.pdl_const(st) for st in range(len(sched))]
-        assert all(c["launch_pdl"] for c in got)
-        assert [c["PDL"] for c in got] == pdl, trigger
-        assert not d.pdl_on()  # a CPU drafter never sets it
-    with pytest.raises(ValueError, match="pdl_trigger"):
-        Tuning(pdl_trigger="early")
+    sched = [(Phase.GATEUP, 12), (Phase.DOWN, 12), (Phase.SELECT, 1), (Phase.LMHEAD, 12), (Phase.MERGE, 12),
+             (Phase.QKV, 12), (Phase.ROPE, 3), (Phase.FINAL, 1)]
+    d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, pdl=True, pdl_max_grid=4))
+    d.schedule_list = [ph * 256 for ph, _ in sched]
+    d.step_grid_list = [g for _, g in sched]
+    d.n_steps = len(sched)
+    got = [d.pdl_const(st) for st in range(len(sched))]
+    assert all(c["launch_pdl"] for c in got)
+    assert [c["PDL"] for c in got] == [1, 1, 1, 2, 1, 1, 1, 1]
+    assert not d.pdl_on()  # a CPU drafter never sets it
 
 
 def test_tuning_overrides_parse_each_field_as_its_type():
@@ -900,15 +889,15 @@ def test_tuning_overrides_parse_each_field_as_its_type():
     ValueError naming the override."""
     from frontier.backends.triton.launch import Tuning
 
-    got = Tuning.overrides(["merge_rows=false", "merge_chunk=8192", "merge_warps=none", "lin_stages=3",
-                            "pdl_trigger=start", "select_in_merge=1", "gu_stages=None"])
-    assert got == dict(merge_rows=False, merge_chunk=8192, merge_warps=None, lin_stages=3, pdl_trigger="start",
-                       select_in_merge=True, gu_stages=None)
-    assert type(got["merge_chunk"]) is int and type(got["merge_rows"]) is bool
+    got = Tuning.overrides(["pack_weights=false", "merge_chunk=8192", "BLOCK_NA=none", "lin_stages=3",
+                            "fused_attention=1", "gu_stages=None"])
+    assert got == dict(pack_weights=False, merge_chunk=8192, BLOCK_NA=None, lin_stages=3, fused_attention=True,
+                       gu_stages=None)
+    assert type(got["merge_chunk"]) is int and type(got["pack_weights"]) is bool
     assert Tuning(**got).merge_chunk == 8192
     assert Tuning.overrides([]) == {}
-    for bad, msg in [("merge_rows", "expected field=value"), ("no_such=1", "no field 'no_such'"),
-                     ("merge_rows=maybe", "merge_rows takes true or false"),
+    for bad, msg in [("pack_weights", "expected field=value"), ("no_such=1", "no field 'no_such'"),
+                     ("pack_weights=maybe", "pack_weights takes true or false"),
                      ("merge_chunk=big", "merge_chunk takes an integer"),
                      ("merge_chunk=none", "merge_chunk takes an integer")]:
         with pytest.raises(ValueError, match=msg):
@@ -926,37 +915,35 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
     w = random_weights(cfg, seed=91, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 92, batch=2, lo=3, hi=9)
     _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=False))
-    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=True, pdl_trigger="start"))
+    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=True))
     _assert_same_bits(a, b)
 
 
-@pytest.mark.parametrize("arch,batch,grid,seed", [pytest.param("eagle3", 1, 12, 31, marks=pytest.mark.slow),
-                                                   ("eagle3", 3, 2, 37),
-                                                   pytest.param("eagle2", 3, 12, 41, marks=pytest.mark.slow),
-                                                   pytest.param("eagle2", 2, 5, 43, marks=pytest.mark.slow)])
-def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid, seed):
-    """``Tuning.select_in_merge`` (narrow launches): the MERGE program that merges a sequence's
-    last row runs its SELECT, and the schedule has no SELECT entry. Over three calls on one
-    drafter (fresh caches each) it drafts the same trees, scores and cache rows, bit for bit, as
-    SELECT's own phase - one sequence and ragged batches, each program merging one row (12
-    programs) or several, whose last may come from any program (2 and 5) - and each sequence's
-    count of merged rows is back at 0 after every call."""
-    from frontier.backends.triton import kernels as K_
+@pytest.mark.parametrize("batch,grid,seed", [pytest.param(1, 12, 31, marks=pytest.mark.slow), (2, 2, 37),
+                                             pytest.param(2, 5, 43, marks=pytest.mark.slow)])
+def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed):
+    """Launches whose MERGE streams the next depth's QKV half (eagle3, tree rows in one BM tile)
+    let the MERGE program that merges a sequence's last row run its SELECT: the schedule has no
+    SELECT entry. Over three calls on one drafter (fresh caches each) it drafts the trees of a
+    launch with SELECT's own phase (``BM=8``: no tile fits, so neither runs) - one sequence and
+    ragged batches, each program merging one row (12 programs) or several, whose last may come
+    from any program (2 and 5) - and each sequence's count of merged rows is back at 0 after
+    every call."""
+    from frontier.backends.triton.kernels import Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
-    cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
-                        target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=32, num_attention_heads=4,
-                        num_key_value_heads=2)
+    cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, target_vocab_size=110, hidden_size=32,
+                        num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=True))
-    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, select_in_merge=False))
+    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32))
+    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
     assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
-        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+        _assert_same_launch(_launch_on(off, cfg, w, seqs), _launch_on(on, cfg, w, seqs))
         assert not on.ws.sync[2:].any(), call
     phases = lambda d: {c // 256 for c in d.schedule_list}  # noqa: E731
-    assert K_.PH_SELECT not in phases(on) and K_.PH_SELECT in phases(off)
+    assert Phase.SELECT not in phases(on) and Phase.SELECT in phases(off)
     assert len(on.schedule_list) == len(off.schedule_list) - (cfg.depth + 1)
     assert on.ws.sync.numel() >= 2 + batch
 
@@ -964,11 +951,11 @@ def test_select_in_merge_drafts_the_same_bits_as_its_own_phase(arch, batch, grid
 @pytest.mark.parametrize("n,kd,grid,rp,bk", [(37, 48, 3, 13, 16), (100, 30, 4, 25, 32), (20, 64, 5, 3, 16),
                                              (9, 16, 4, 2, 16)])
 def test_pack_slabs_lays_out_each_program_slab_chunk_by_chunk(n, kd, grid, rp, bk):
-    """``launch.pack_slabs``: element [g, c, r, j] is row g * RP + r, column c * BK + j of the
+    """``plan.pack_slabs``: element [g, c, r, j] is row g * RP + r, column c * BK + j of the
     weight, zero past its rows or columns - whether the last program's slab is partial, several
     programs have no rows (20 rows on 5 x 3), the grid covers fewer rows than the weight (9 rows
     on 4 x 2: the last is no program's) or BK does not divide Kd; from a column-major weight too."""
-    from frontier.backends.triton.launch import pack_slabs
+    from frontier.backends.triton.plan import pack_slabs
 
     w = torch.randn(n, kd, generator=torch.Generator().manual_seed(n + kd))
     out = pack_slabs(w, grid, rp, bk)
@@ -995,7 +982,8 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     counter), another head's weights replace them and take them along when freed, and a batch
     whose rows need a wider tile streams the row-major weights. Small
     pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters."""
-    from frontier.backends.triton.launch import Drafter, Tuning, pack_slabs
+    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.plan import pack_slabs
 
     over = dict(target_vocab_size=110) if arch == "eagle3" else {}
     cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70, hidden_size=hidden,
@@ -1003,7 +991,7 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
                         num_key_value_heads=2 if hidden % 4 == 0 else 1, **over)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
-    small = dict(grid=grid, stage_bytes=1024, lm_stage_bytes=1024)  # k-chunks of 16 columns: two or more per row
+    small = dict(grid=grid, stage_bytes=1024)  # k-chunks of 16 columns: two or more per row
     on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small))
     off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small, pack_weights=False))
     p = on.plan(1)
@@ -1014,7 +1002,7 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     lw = w.layers[0]
     kept = {role: e[4] for role, e in on._packed.items()}
     assert set(kept) == {"gate", "up", "lm_head"} and off.packed_bytes == 0
-    rp_gu, rp_lm = p.slab_args[3], p.slab_args[5]
+    rp_gu, rp_lm = p.slabs["RP_GU"], p.slabs["RP_LM"]
     kc = lambda bk: -(-hidden // bk) * bk  # noqa: E731
     assert on.packed_bytes == 4 * grid * (2 * rp_gu * kc(p.const["BK_GU"]) + rp_lm * kc(p.const["BK_LM"]))
     assert torch.equal(kept["lm_head"], pack_slabs(w.lm_head, grid, rp_lm, p.const["BK_LM"]))
@@ -1035,11 +1023,10 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
 
 
 def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():
-    """``Tuning.select_in_merge=None`` (the default): MERGE runs SELECT only in launches whose
-    MERGE streams the next depth's QKV hidden half (``LaunchPlan.qh``: eagle3 at the batch-1
-    tile), and the schedule drops SELECT's entries exactly there; True and False force it on
-    every narrow launch or on none; wide launches keep SELECT's own phase."""
-    from frontier.backends.triton import kernels as K_
+    """MERGE runs SELECT only in launches whose MERGE streams the next depth's QKV hidden half
+    (``LaunchPlan.qh``: eagle3 at the batch-1 tile), and the schedule drops SELECT's entries
+    exactly there; wide launches keep SELECT's own phase."""
+    from frontier.backends.triton.kernels import Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
     for arch in ("eagle3", "eagle2"):
@@ -1048,18 +1035,15 @@ def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():
                             num_key_value_heads=2)
         w = random_weights(cfg, seed=7, device=DEVICE)
         d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64))
-        forced = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64, select_in_merge=True))
-        never = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64, select_in_merge=False))
         seen = set()
         for batch in (1, 2, 6, 11):
             p = d.plan(batch)
             assert p.sel == (p.qh and not p.wide) and p.const["SEL_MG"] == p.sel, (arch, batch)
-            assert forced.plan(batch).sel == (not p.wide) and not never.plan(batch).sel, (arch, batch)
             seen.add((p.qh, p.wide))
             if batch == 1:
                 seqs, _ = _ragged(cfg, 8, batch=1, lo=3, hi=6)
                 _launch_on(d, cfg, w, seqs)
-                assert (K_.PH_SELECT not in {c // 256 for c in d.schedule_list}) == p.sel, arch
+                assert (Phase.SELECT not in {c // 256 for c in d.schedule_list}) == p.sel, arch
         # eagle3 has batches with and without the QKV half, and a wide one; eagle2 never streams it
         assert seen == ({(True, False), (False, False), (False, True)} if arch == "eagle3"
                         else {(False, False), (False, True)}), (arch, seen)
@@ -1120,15 +1104,13 @@ def test_row_tiles_cover_the_tree_rows_with_less_padding():
     assert d.row_tiles(12) == (128, 0)  # 120 rows: one 128-row tile pads least
     assert d.row_tiles(9) == (64, 32)  # 90 rows in a wide launch (block_rows 256)
     assert d.row_tiles(64) == (256, 0)  # beyond bm_max: 256-row tiles
-    off = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2, exact_rows=False))
-    assert off.row_tiles(16) == (256, 0)
     for b in range(1, 40):  # the tiles always hold the rows (or tile them at bm_max)
         bm, bm2 = d.row_tiles(b)
         assert bm + bm2 >= min(b * 10, 256) and bm >= 16 and bm2 in (0, 16, 32, 64, 128)
 
 
 def build_schedule_codes(cfg, split):
-    from frontier.backends.triton.launch import build_schedule
+    from frontier.backends.triton.schedule import build_schedule
 
     return build_schedule(cfg.architecture, cfg.depth, split)
 
@@ -1148,12 +1130,11 @@ def test_gpu_batch_matches_torch_ref(arch, mode):
 @pytest.mark.parametrize("mode", ["steps", "graph"])
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
 def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypatch):
-    """Compiled, the wide plan's own builds of the context step (``Tuning.ctx_builds``: gate/up
-    and the register lm_head on a pow2(batch)-row tile, the fused attention's one-row query
+    """Compiled, the wide plan's own builds of the context step (gate/up and the register lm_head on a pow2(batch)-row tile, the fused attention's one-row query
     block) and its folded o_proj / down draft in fp32 what torch_ref drafts for each sequence
     alone: a ragged batch of 12 (120 tree rows: a wide launch), on a grid of 48 so that the
     medium head's 2 KV heads take the fused attention, over three calls, on two seeds."""
-    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.kernels import Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _medium_config(arch)
@@ -1161,7 +1142,7 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     seqs, g = _ragged(cfg, seed + 1, batch=12, lo=20, hi=60)
     d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning(grid=48))
     p = d.plan(12)
-    assert p.wide and p.fused and set(p.ctx_const) == {K_.PH_GATEUP, K_.PH_LMHEAD, K_.PH_MERGE, K_.PH_ATTN_F}
+    assert p.wide and p.fused and set(p.ctx_const) == {Phase.GATEUP, Phase.LMHEAD, Phase.MERGE, Phase.ATTN_F}
     assert p.const["FOLD_O"] > 1 and p.const["FOLD_D"] > 1
     _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=3, sampling=arch == "eagle2", mode=mode)
@@ -1191,8 +1172,7 @@ def test_gpu_graph_mode_matches_persistent(arch):
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
 def test_gpu_graph_with_pdl_drafts_the_same_bits(arch):
     """Graph mode with programmatic dependent launch (each launch starts while the one before it
-    runs and waits in the kernel), with the default trigger policy and with every launch letting
-    the next start at once: one sequence and a ragged batch of 5 draft the same trees, scores and
+    runs and waits in the kernel): one sequence and a ragged batch of 5 draft the same trees, scores and
     cache rows, bit for bit, as the graph without it, on every one of 10 replays (a missing wait
     would show up as a race)."""
     from frontier.backends.triton.launch import Tuning
@@ -1204,13 +1184,12 @@ def test_gpu_graph_with_pdl_drafts_the_same_bits(arch):
     for batch in (1, 5):
         seqs, _ = _ragged(cfg, 82 + batch, batch=batch, lo=20, hi=60)
         _, ref = _draft_tuned(cfg, w, seqs, Tuning(pdl=False), mode="graph")
-        for trigger in ("small", "start"):  # the default, and every launch started early
-            d, out = _draft_tuned(cfg, w, seqs, Tuning(pdl=True, pdl_trigger=trigger), mode="graph")
-            assert d.pdl_on()
-            _assert_same_bits(ref, out)
-            for _ in range(10):
-                d.run_batch(w, out[3], "graph")
-                assert torch.equal(d.out_tok, ref[0]) and torch.equal(d.out_score, ref[2]), trigger
+        d, out = _draft_tuned(cfg, w, seqs, Tuning(pdl=True), mode="graph")
+        assert d.pdl_on()
+        _assert_same_bits(ref, out)
+        for _ in range(10):  # (the second run captures the graph, the rest replay it)
+            d.run_batch(w, out[3], "graph")
+            assert torch.equal(d.out_tok, ref[0]) and torch.equal(d.out_score, ref[2]), batch
 
 
 @pytest.mark.gpu
@@ -1229,7 +1208,9 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
     ids, feats = ids.cuda(), feats.cuda()
     runs = {}
     for graph in (False, True):
-        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning(persistent_graph=graph))
+        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning())
+        if not graph:
+            d.graph_error = "direct launches only"  # (how a drafter that failed to capture goes on)
         cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
         res = []
         for call in range(5):
@@ -1238,7 +1219,7 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
             d.check_error()
             assert d.out_tok.data_ptr() != d._graph_outputs(1)[0].data_ptr()
             res.append((d.out_tok, d.out_par, d.out_score, cache.k[:, :, : feats.shape[1]].clone()))
-        assert d.graph_error is None
+        assert (d.graph_error is None) == graph
         assert len(d._pgraphs) == (1 if graph else 0)
         runs[graph] = res
     for (t0, p0, s0, k0), (t1, p1, s1, k1) in zip(runs[False], runs[True]):
@@ -1261,9 +1242,10 @@ def test_gpu_one_graph_serves_every_new_row_count(arch):
     ids, feats = ids.cuda(), feats.cuda()
     chunks = [24, 3, 1, 5, 2, 5]  # new rows per call; c grows by each
     runs = {}
-    for name, mode, tn in [("direct", "persistent", Tuning(persistent_graph=False)),
-                           ("pgraph", "persistent", Tuning()), ("graph", "graph", Tuning())]:
-        d = Drafter(cfg, torch.float32, torch.device("cuda"), tn)
+    for name, mode in [("direct", "persistent"), ("pgraph", "persistent"), ("graph", "graph")]:
+        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning())
+        if name == "direct":
+            d.graph_error = "direct launches only"  # (how a drafter that failed to capture goes on)
         cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
         res, c = [], 0
         for n in chunks:
@@ -1367,7 +1349,7 @@ try:  # the division helper alone, in a one-phase kernel
     import triton
     import triton.language as tl
 
-    from frontier.backends.triton import kernels as K_
+    from frontier.backends.triton.kernels import lm_head, numerics, select
 
     @triton.jit
     def _div_probe(x_ptr, d_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -1375,12 +1357,12 @@ try:  # the division helper alone, in a one-phase kernel
         m = offs < n
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
         d = tl.load(d_ptr + offs, mask=m, other=1.0)
-        tl.store(y_ptr + offs, K_._div_rn_by(x, d, K_._recip_rn(d)), mask=m)
+        tl.store(y_ptr + offs, numerics._div_rn_by(x, d, numerics._recip_rn(d)), mask=m)
 
     @triton.jit
     def _lm_stats_probe(logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, K, KP: tl.constexpr, BMK: tl.constexpr,
                         BNP: tl.constexpr, KEY16: tl.constexpr):
-        K_._lm_slab_stats(tl.program_id(0), logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, M, K, KP, BMK, BNP,
+        lm_head._lm_slab_stats(tl.program_id(0), logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, M, K, KP, BMK, BNP,
                           logit_ptr.dtype.element_ty, KEY16)
 
     @triton.jit
@@ -1388,7 +1370,7 @@ try:  # the division helper alone, in a one-phase kernel
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         g = tl.load(g_ptr + offs, mask=m, other=0.0)
-        tl.store(y_ptr + offs, K_._silu_rn(g), mask=m)
+        tl.store(y_ptr + offs, numerics._silu_rn(g), mask=m)
         tl.store(ref_ptr + offs, tl.math.div_rn(g, 1.0 + tl.exp(-g)), mask=m)
 
     @triton.jit
@@ -1396,24 +1378,24 @@ try:  # the division helper alone, in a one-phase kernel
         r = tl.arange(0, BLOCK)
         valid = tl.load(valid_ptr + r) != 0
         v = tl.load(v_ptr + r)
-        tl.store(out_ptr + r, K_._top_n_mask(v, valid, n).to(tl.int32))
+        tl.store(out_ptr + r, select._top_n_mask(v, valid, n).to(tl.int32))
     @triton.jit
     def _merge_probe(keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, dt_ptr, R, P, K, MR, KP: tl.constexpr,
                      BLOCK_P: tl.constexpr, KEY32: tl.constexpr):
-        K_._ph_merge(tl.program_id(0), tl.num_programs(0), R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr,
+        lm_head._ph_merge(tl.program_id(0), tl.num_programs(0), R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr,
                      K, MR, KP, BLOCK_P, dt_ptr.dtype.element_ty, KEY32)
 
     @triton.jit
     def _merge_rows_probe(logit_ptr, V, sel_lp_ptr, sel_tok_ptr, R, K, KP: tl.constexpr, BV: tl.constexpr,
                           KEY32: tl.constexpr, G: tl.constexpr):
-        K_._ph_merge_rows(tl.program_id(0), tl.num_programs(0), R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV,
+        lm_head._ph_merge_rows(tl.program_id(0), tl.num_programs(0), R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV,
                           logit_ptr.dtype.element_ty, KEY32, G)
 
     @triton.jit
     def _select_probe(sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
                       cand_score_ptr, cand_tok_ptr, row_par_ptr, dt_ptr, B, i, K, KP, SK, C, RPW, V,
                       HAS_D2T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr, KEY32: tl.constexpr):
-        K_._ph_select(tl.program_id(0), tl.num_programs(0), B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr,
+        select._ph_select(tl.program_id(0), tl.num_programs(0), B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr,
                       fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr,
                       row_par_ptr, V, False, HAS_D2T, BLOCK_K, BLOCK_A, dt_ptr.dtype.element_ty, KEY32)
 except ImportError:  # the module's skip marker covers a missing triton
@@ -1519,7 +1501,7 @@ def test_launches_pin_fp_fusion(monkeypatch):
 @pytest.mark.parametrize("seed,rows,vocab,bmk", [(3, 20, 300, 16), (8, 37, 251, 32), (13, 5, 64, 32)])
 def test_lm_statistics_with_32_bit_keys_match_64_bit_keys_and_topk(seed, rows, vocab, bmk):
     """The wide lm_head's per-program statistics (``kernels._lm_slab_stats``) rank 16-bit logits
-    by 32-bit keys (``Tuning.lm_key32``): every program's top-K keys, max and sum of exp must be
+    by 32-bit keys (the plan's KEY16_LM): every program's top-K keys, max and sum of exp must be
     bit for bit those of the 64-bit keys - with ties (runs of equal logits, which go to the lower
     index), -0 next to +0, -inf, row tiles past the last row and a last slab cut short - and
     the kept logits must be torch.topk's values for each (row, slab)."""
@@ -1583,7 +1565,7 @@ def _partials(lg: torch.Tensor, slab: int, K: int, KP: int, P: int):
 @pytest.mark.parametrize("seed,rows,vocab,P,grid", [(2, 7, 200, 5, 3), (9, 12, 77, 9, 16), (4, 3, 40, 4, 1)])
 def test_merge_with_32_bit_keys_matches_64_bit_keys(seed, rows, vocab, P, grid):
     """MERGE (``kernels._ph_merge``) ranks the rows' candidates by 32-bit keys for 16-bit dtypes
-    (``Tuning.merge_key32``): its log-probs and tokens must be bit for bit those of the 64-bit
+    (the plan's KEY32_MG): its log-probs and tokens must be bit for bit those of the 64-bit
     keys - with log-probs that tie after rounding (runs of equal and of nearly equal logits, so
     the lower index must win), +0 beside -0, -inf, a last slab shorter than K (empty entries),
     more programs than rows and fewer - and ranked: log-probs non-increasing, ties in index order."""
@@ -1654,61 +1636,57 @@ def test_merge_rows_rank_every_log_prob(seed, rows, vocab, grid):
 @pytest.mark.parametrize("arch,seed", [("eagle3", 71), ("eagle2", 73)])
 def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     """Wide launches with MERGE ranking each row from the lm_head's logits scratch
-    (``Tuning.merge_rows``) in several chunks (``merge_chunk`` 32, halved for fp32's 64-bit keys,
+    in several chunks (``merge_chunk`` 32, halved for fp32's 64-bit keys,
     of a 56-entry vocabulary): each sequence of a ragged batch drafts what torch_ref drafts for
-    it alone, over three calls - with the context step's own builds (its register lm_head keeps
-    its partials, and its MERGE reads those) and with one build for every phase (as the
-    persistent launch has: there the context step's wide lm_head keeps its statistics, and the
-    tree depths' write the scratch only) - and the two forms draft the same bits (on the GPU;
-    the same trees and scores to fp32 rounding under the interpreter, whose dot rounds by the
-    tile's width on some CPUs)."""
+    it alone, over three calls, with the context step's own builds (its register lm_head keeps
+    its partials, and its MERGE reads those)."""
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
-    outs = []
-    for phase_kernels in (True, False):
-        tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, merge_chunk=32,
-                    phase_kernels=phase_kernels)
-        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
-        p = d.plan(3)
-        assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
-        assert p.ctx_const.get(K_.PH_MERGE) == (dict(MG_ROWS=False) if phase_kernels else None)
-        _drafting_with(monkeypatch, d)
-        seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
-        _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
-        outs.append(_draft_tuned(cfg, w, seqs, tn)[1])
-    _assert_same_bits_across_tile_widths(*outs)  # one more launch of each form: trees, scores, cache rows
+    from frontier.backends.triton.kernels import Phase
+
+    tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, merge_chunk=32)
+    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    p = d.plan(3)
+    assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
+    assert p.ctx_const.get(Phase.MERGE) == dict(MG_ROWS=False)
+    _drafting_with(monkeypatch, d)
+    seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
+    _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     big = _arch_config(arch, 70000, vocab_size=70000)  # (past 65536: the lm_head keeps its own statistics)
     assert not Drafter(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
 
 
 def test_merge_keys_and_row_grids_draft_the_same_bits():
     """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with MERGE's
-    32-bit keys (``Tuning.merge_key32``) and the tree depths' row phases on one program per row
-    (``Tuning.row_grids``, step launches: more programs than the 2-program grid) as without
-    either; the plan turns the 32-bit keys off for fp32 and for vocabularies past 65536."""
+    32-bit keys (the plan's KEY32_MG for 16-bit dtypes) as with 64-bit ones (set by hand); the
+    tree depths' row phases run on one program per row (step launches: more programs than the
+    2-program grid), MERGE and the final norm too unless they stream the next QKV; the plan
+    turns the 32-bit keys off for fp32 and for vocabularies past 65536."""
+    from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
     from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=47, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
     seqs, _ = _ragged(cfg, 48, batch=3, lo=3, hi=9)
+    nb, rows = len(seqs), len(seqs) * cfg.top_k
     outs = []
-    for on in (False, True):
-        d, out = _draft_tuned(cfg, w, seqs, Tuning(merge_key32=on, row_grids=on), mode="steps")
-        assert d.plan(len(seqs)).const["KEY32_MG"] == on
-        nb = len(seqs)
-        rows = nb * cfg.top_k
-        for c in d.schedule_list:  # the tree depths' row phases (MERGE and the final norm: unless
-            ph, i = divmod(c, 256)  # they stream the next QKV)
-            if i == K_.CTX_DEPTH:
+    for key32 in (False, True):
+        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning())
+        assert d.plan(nb).const["KEY32_MG"]
+        if not key32:
+            _with_consts(d, nb, KEY32_MG=False)
+        outs.append(_launch_on(d, cfg, w, seqs))
+        for c in d.schedule_list:  # the tree depths' row phases
+            ph, i = divmod(c, 256)
+            if i == CONTEXT_STEP:
                 continue
-            if ph in (K_.PH_MERGE, K_.PH_NORM_F):
+            if ph in (Phase.MERGE, Phase.NORM_F):
                 ahead = i + 1 < cfg.depth and d.qkv_ahead(nb)
-                assert d.step_grid(c, nb, 9) == (rows if on and not ahead else d.grid)
-            elif ph in (K_.PH_PREP3, K_.PH_ROPE, K_.PH_NORM_POST):
-                assert d.step_grid(c, nb, 9) == (rows if on else min(d.grid, rows))
-        outs.append(out)
+                assert d.step_grid(c, nb, 9) == (d.grid if ahead else rows)
+            elif ph in (Phase.PREP3, Phase.ROPE, Phase.NORM_POST):
+                assert d.step_grid(c, nb, 9) == rows
     _assert_same_bits(*outs)
 
     def key32(dtype, vocab):
@@ -1722,22 +1700,25 @@ def test_merge_keys_and_row_grids_draft_the_same_bits():
 @pytest.mark.parametrize("wide", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
     """An fp16 launch drafts the same trees, scores and cache rows, bit for bit, with the
-    lm_head's 32-bit ranking keys (``Tuning.lm_key32``) as with 64-bit ones: a wide launch (logits
-    scratch, statistics from there) of 5 sequences, and a narrow one of 2 whose slabs are one
-    sub-slab (the keys of the accumulator in registers)."""
-    from frontier.backends.triton.launch import Tuning
+    lm_head's 32-bit ranking keys (the plan's KEY16_LM) as with 64-bit ones (set by hand): a
+    wide launch (logits scratch, statistics from there) of 5 sequences, and a narrow one of 2
+    whose slabs are one sub-slab (the keys of the accumulator in registers)."""
+    from frontier.backends.triton.launch import Drafter, Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
     seqs, _ = _ragged(cfg, 44, batch=5 if wide else 2, lo=3, hi=9)
+    nb = len(seqs)
     outs = []
     for key32 in (False, True):
         over = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64) if wide else {}
-        d, out = _draft_tuned(cfg, w, seqs, Tuning(lm_key32=key32, **over))
-        c = d.plan(len(seqs)).const
-        assert c["KEY16_LM"] == key32 and c["LM_WIDE"] == wide
+        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**over))
+        c = d.plan(nb).const
+        assert c["KEY16_LM"] and c["LM_WIDE"] == wide
         assert wide or c["BNP_LM"] <= c["BNS_LM"]  # the narrow lm_head's one sub-slab
-        outs.append(out)
+        if not key32:
+            _with_consts(d, nb, KEY16_LM=False)
+        outs.append(_launch_on(d, cfg, w, seqs))
     _assert_same_bits(*outs)
 
 
@@ -1770,7 +1751,6 @@ def test_32_bit_lm_keys_only_for_16_bit_dtypes_and_slabs_they_can_index():
     assert key16(torch.float16, 2) and key16(torch.bfloat16, 2)
     assert not key16(torch.float16, 1)
     assert not key16(torch.float32, 2)
-    assert not key16(torch.float16, 2, lm_key32=False)
 
 
 @pytest.mark.parametrize("seed,B,K,i,grid,d2t", [(3, 2, 5, 1, 2, False), (8, 3, 10, 2, 2, True),

@@ -1,4 +1,5 @@
-"""The triton backend: the whole draft call on the GPU in one persistent fused Triton kernel."""
+"""The triton backend: the whole draft call on the GPU as fused Triton kernels (CUDA-graph replayed
+step launches by default, or one persistent launch)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class TritonBackend(Backend):
     # mode: how the phases launch; pack_weights: stream packed weight copies; pack: who packs
     # the tree ("kernel" or "torch"); trace: the candidate list in Frontier.info
     options = ("mode", "pack_weights", "pack", "trace")
-    description = "fused persistent Triton drafter (GPU; CPU under TRITON_INTERPRET=1)"
+    description = "fused Triton drafter (GPU; CPU under TRITON_INTERPRET=1)"
 
     def __init__(self) -> None:
         self._drafters: dict[Any, Any] = {}
@@ -96,7 +97,7 @@ class TritonBackend(Backend):
             raise InputError("backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
         mode = request.options.get("mode")
         if mode is None:
-            mode = "steps" if (interpreting() or request.device.type != "cuda") else "persistent"
+            mode = "steps" if (interpreting() or request.device.type != "cuda") else "graph"
         if mode not in ("persistent", "steps", "graph"):
             raise InputError(f"option mode must be 'persistent', 'steps' or 'graph', got {mode!r}")
         if mode == "persistent" and interpreting():

@@ -1,0 +1,335 @@
+"""Weight-streaming phases: the linear layers (fc, QKV, o_proj, down), gate/up with SiLU, their
+split-K forms and reductions, and the hidden-half QKV stream that runs ahead during MERGE.
+
+Every program owns a slab of weight rows (``RP``), walks it in sub-slabs of ``BNS`` rows and
+streams each sub-slab's k-chunks (``BK`` columns) once, through a software pipeline, for all
+activation rows of the call (one tile of ``BM`` rows, or two of ``BM + BM2`` in wide launches).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .layout import W_EVICT
+from .numerics import _mma, _silu_rn
+
+
+@triton.jit
+def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
+    """The activation chunk [BK, rows] of rows ``rm`` (valid below M) at columns ``kk`` (valid
+    below k_hi), the B operand of a weight-streaming dot; zeros elsewhere."""
+    return tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
+                   other=0.0, cache_modifier=".cg")
+
+@triton.jit
+def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
+                   BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                   ST: tl.constexpr, F: tl.constexpr):
+    """acc [BNS, BM] = W[row0 + j, k_lo:k_hi] @ X[m0 + m, k_lo:k_hi]^T (rows j < nrows, m0 + m <
+    M) with every k-chunk folded F ways: the weight chunk [BNS, BK] is read as F row blocks of
+    BK/F columns stacked into [F*BNS, BK/F] (block f holds columns f*BK/F..), the activation
+    chunk likewise side by side along the dot's N ([BK/F, F*BM], block g), and the wanted
+    partial sums are the diagonal blocks f == g, added after the k-loop. The dot is F times
+    taller, so the program's warps split weight rows instead of each reading the same few rows
+    from shared memory. The row pointers are computed here from row indices (not gathered from
+    a pointer tensor), so the loads keep their 16-byte alignment facts."""
+    KF: tl.constexpr = BK // F
+    rf = tl.arange(0, F * BNS)
+    rc = tl.arange(0, F * BM)
+    rk = tl.arange(0, KF)
+    fw = (rf // BNS) * KF  # each stacked row's column offset in the chunk
+    fx = (rc // BM) * KF
+    wmask = (rf % BNS) < nrows
+    wf = w_ptr + (row0 + rf % BNS) * Kd + fw
+    mcol = m0 + rc % BM
+    xcol = x_ptr + mcol * x_stride + fx
+    acc = tl.zeros([F * BNS, F * BM], dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
+        w = tl.load(wf[:, None] + k0 + rk[None, :], mask=wmask[:, None] & ((k0 + fw)[:, None] + rk[None, :] < k_hi),
+                    other=0.0, eviction_policy=W_EVICT)
+        x = tl.load(xcol[None, :] + k0 + rk[:, None], mask=(mcol < M)[None, :] & ((k0 + fx)[None, :] + rk[:, None] < k_hi),
+                    other=0.0, cache_modifier=".cg")
+        acc = _mma(w, x, acc, IEEE)
+    acc = tl.where((rf // BNS)[:, None] == (rc // BM)[None, :], acc, 0.0)
+    return tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
+
+@triton.jit
+def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
+                 BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                 BM2: tl.constexpr, ST: tl.constexpr):
+    """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
+    valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
+    ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs). BM2 > 0: each
+    weight chunk also meets a second, narrower tile ``rm2`` (acc2 [BNS, BM2]), so that BM + BM2
+    rows (e.g. 128 + 32 for 160 rows) cost no padding to the next power of two; with BM2 = 0
+    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages)."""
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BNS, BM], dtype=tl.float32)
+    if BM2 > 0:
+        acc2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+    else:
+        acc2 = acc
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
+        kk = k0 + rk
+        w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
+                    eviction_policy=W_EVICT)
+        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
+        if BM2 > 0:
+            acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
+    return acc, acc2
+
+@triton.jit
+def _row_tiles(m0, BM: tl.constexpr, BM2: tl.constexpr):
+    """The activation rows of the tile(s) starting at m0: rm [BM] and rm2 [BM2] after them (rm
+    again when BM2 = 0)."""
+    rm = m0 + tl.arange(0, BM)
+    if BM2 > 0:
+        rm2 = m0 + BM + tl.arange(0, BM2)
+    else:
+        rm2 = rm
+    return rm, rm2
+
+@triton.jit
+def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr, BNS: tl.constexpr,
+               VEC: tl.constexpr):
+    """Sub-slab s0 of weight slab ``slab`` (RP rows each): its global rows rr [BNS], their mask,
+    and each row's weight pointer. QKV: the row space is [W; W2; W3] (N + 2*N2 rows), so a row
+    points into whichever matrix holds it - no repacking. The select loses Triton's alignment
+    facts (its loads would be 2-byte scalars, not pipelined), so with VEC > 1 (the launcher
+    proved every row 16-byte aligned) the rows are declared aligned again."""
+    rp = s0 + tl.arange(0, BNS)
+    rr = slab * RP + rp
+    if QKV:
+        rmask = (rp < RP) & (rr < N + 2 * N2)
+        wrow = tl.where(rr < N, w_ptr + rr * Kd,
+                        tl.where(rr < N + N2, w2_ptr + (rr - N) * Kd, w3_ptr + (rr - N - N2) * Kd))
+        if VEC > 1:
+            wrow = tl.multiple_of(wrow, 16)
+    else:
+        rmask = (rp < RP) & (rr < N)
+        wrow = w_ptr + rr * Kd
+    return rr, rmask, wrow
+
+@triton.jit
+def _slab_base(w_ptr, pid, RP, Kd, rows, PACK: tl.constexpr, BK: tl.constexpr):
+    """Row pointers [rows] of program pid's slab (slab-local ``rows``) and the step of a k-chunk:
+    the chunk at column k0 of row r is ``base[r] + k0 * step + [0, BK)``. Row-major: row r at
+    (pid * RP + r) * Kd, step 1. PACK (``plan.pack_slabs``): each program's RP-row slab stored
+    as [ceil(Kd / BK), RP, BK], so a chunk's [RP, BK] tile is one contiguous block and the slab
+    is read in memory order: row r at pid * RP * ceil(Kd / BK) * BK + r * BK, step RP."""
+    if PACK:
+        kd_pad = tl.cdiv(Kd, BK) * BK
+        return w_ptr + pid.to(tl.int64) * RP * kd_pad + rows * BK, RP
+    else:
+        return w_ptr + (pid * RP + rows) * Kd, 1
+
+@triton.jit
+def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
+    """The epilogue of ``_ph_linear`` for one accumulator [rows rr, activation rows rm]."""
+    DT = y_ptr.dtype.element_ty
+    msk = rmask[:, None] & (rm[None, :] < M)
+    if MODE == 1:
+        r = tl.load(res_ptr + rm[None, :] * res_stride + rr[:, None], mask=msk, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        out = (acc.to(DT).to(tl.float32) + r).to(DT)
+    elif MODE == 2:
+        b = tl.load(b_ptr + rr, mask=rmask, other=0.0).to(tl.float32)
+        out = (acc + b[:, None]).to(DT)
+    elif MODE == 3:  # + the fp32 partial of each row's source row (clamped into [0, M))
+        src = tl.load(b_ptr + rm, mask=rm < M, other=0, cache_modifier=".cg")
+        src = tl.minimum(tl.maximum(src, 0), M - 1)
+        part = tl.load(res_ptr + src[None, :] * res_stride + rr[:, None], mask=msk, other=0.0, cache_modifier=".cg")
+        out = (acc + part).to(DT)
+    else:
+        out = acc.to(DT)
+    tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
+
+@triton.jit
+def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
+               w2_ptr, w3_ptr, N2, RP,
+               MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1, STF: tl.constexpr = 0):
+    """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
+    streamed through a pipelined k-loop for all the activation rows. The slab is walked in
+    sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
+    batch 1 one sub-slab and one tile cover everything, so every weight byte is read once per
+    call of the phase for all rows; with many rows (batching) a sub-slab (BNS x Kd, a few hundred
+    KB per program) is re-read for the later tiles while it is still in L2.
+    Weight rows are Kd elements apart; the dot runs over their first KR columns (KR = Kd but for
+    the QKV of the hidden-half split below).
+    MODE 0: store; 1: + residual (rounded as ``res + round(XW^T)``); 2: + bias;
+    4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise);
+    7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
+    activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
+    FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), pipelined
+    STF stages (0: ST)."""
+    for s0 in range(0, RP, BNS):
+        rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
+        for m0 in range(0, M, BM):
+            rm = m0 + tl.arange(0, BM)
+            if FOLD > 1:  # (not QKV: one weight matrix)
+                row0 = pid * RP + s0
+                acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
+                                     BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD)
+            else:
+                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
+            _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
+
+@triton.jit
+def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, b_ptr, w2_ptr, w3_ptr, N2,
+                   RP, MODE: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, ST: tl.constexpr,
+                   BMP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr, STF: tl.constexpr,
+                   BMC: tl.constexpr, BNSC: tl.constexpr, BKC: tl.constexpr, FOLDC: tl.constexpr,
+                   STFC: tl.constexpr):
+    """``_ph_linear`` (no residual) over the context step's new rows with the launch's tile BMP,
+    or, where the launcher made a smaller one (BMC > 0, wide launches) and the rows fit in it
+    (``small``, a run-time condition), with that tile and its own sub-slab, k-chunk and fold:
+    the wide tile's padding and its short k-chunks cost batch 16's context fc 3x its stream.
+    (The wide-tile call appears twice: with BMC = 0 the small tile's branch must not be built at
+    all - a 0-row tile does not compile - so the run-time test sits inside a compile-time one.)"""
+    if BMC > 0:
+        if small:
+            _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMC, BNSC, BKC, IEEE, VEC, ST, FOLD=FOLDC, STF=STFC)
+        else:
+            _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+    else:
+        _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
+                   w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+
+@triton.jit
+def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
+                     QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                     VEC: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
+    """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
+    slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
+    SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
+    Each program writes its fp32 partial ``part[p % SPL, rows, slab]``; ``_ph_reduce`` sums
+    the SPL partials in a fixed order and applies the epilogue."""
+    if QKV:
+        NT = N + 2 * N2
+    else:
+        NT = N
+    nslab = nprog // SPL
+    r = pid // SPL
+    sp = pid - r * SPL
+    if r < nslab:
+        kch = tl.cdiv(tl.cdiv(Kd, SPL), BK) * BK
+        k_lo = sp * kch
+        k_hi = tl.minimum(Kd, k_lo + kch)
+        for s0 in range(0, RP, BNS):
+            rr, rmask, wrow = _slab_rows(r, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV, BNS, VEC)
+            for m0 in range(0, M, BM + BM2):
+                rm, rm2 = _row_tiles(m0, BM, BM2)
+                acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi, BNS, BM, BK, IEEE, BM2,
+                                         ST)
+                tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
+                         mask=rmask[:, None] & (rm[None, :] < M))
+                if BM2 > 0:
+                    tl.store(part_ptr + (sp * MR + rm2[None, :]) * NT + rr[:, None], acc2,
+                             mask=rmask[:, None] & (rm2[None, :] < M))
+
+@triton.jit
+def _part_sum(part_ptr, SPL, MR, NT, m, c, cm):
+    """Row m's columns c (valid where cm) of the SPL split-K fp32 partials ``part[sp, row, :]``
+    (rows MR apart, NT columns each), summed in partial order - the one order every reader of
+    the partials uses, so that their results agree bit for bit."""
+    acc = tl.zeros(c.shape, tl.float32)  # (from +0, as every reader summed: -0 partials stay +0)
+    for sp in range(SPL):
+        acc += tl.load(part_ptr + (sp * MR + m) * NT + c, mask=cm, other=0.0, cache_modifier=".cg")
+    return acc
+
+@triton.jit
+def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, res_stride,
+               MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """Y = epilogue(sum over the SPL split-K partials, in order). MODE 0: store; 1: + residual
+    (rounded as ``res + round(sum)``)."""
+    DT = y_ptr.dtype.element_ty
+    nblk = tl.cdiv(NT, BLOCK)
+    rc = tl.arange(0, BLOCK)
+    for t in range(pid, M * nblk, nprog):
+        m = t // nblk
+        c = (t - m * nblk) * BLOCK + rc
+        cm = c < NT
+        acc = _part_sum(part_ptr, SPL, MR, NT, m, c, cm)
+        if MODE == 1:
+            res = tl.load(res_ptr + m * res_stride + c, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)
+            out = (acc.to(DT).to(tl.float32) + res).to(DT)
+        else:
+            out = acc.to(DT)
+        tl.store(y_ptr + m * y_stride + c, out, mask=cm)
+
+@triton.jit
+def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
+    """act = silu(g) * u for one pair of accumulators, each op rounded like the reference."""
+    DT = y_ptr.dtype.element_ty
+    g = acc_g.to(DT).to(tl.float32)
+    u = acc_u.to(DT).to(tl.float32)
+    if DT.primitive_bitwidth == 16:
+        sg = _silu_rn(g).to(DT).to(tl.float32)
+    else:
+        sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
+    tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+
+@triton.jit
+def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
+               BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr,
+               ST: tl.constexpr, PACK: tl.constexpr = False):
+    """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
+    One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
+    activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop. PACK:
+    both matrices are packed per slab (``_slab_base``)."""
+    rk = tl.arange(0, BK)
+    for s0 in range(0, RP, BNS):
+        rp = s0 + tl.arange(0, BNS)
+        rr = pid * RP + rp
+        rmask = (rp < RP) & (rr < N)
+        wgrow, kstep = _slab_base(wg_ptr, pid, RP, Kd, rp, PACK, BK)
+        wurow, _ = _slab_base(wu_ptr, pid, RP, Kd, rp, PACK, BK)
+        for m0 in range(0, M, BM + BM2):
+            rm, rm2 = _row_tiles(m0, BM, BM2)
+            acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
+            if BM2 > 0:
+                acc_g2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+                acc_u2 = tl.zeros([BNS, BM2], dtype=tl.float32)
+            else:
+                acc_g2 = acc_g
+                acc_u2 = acc_u
+            for k0 in tl.range(0, Kd, BK, num_stages=ST):
+                kk = k0 + rk
+                wmask = rmask[:, None] & (kk[None, :] < Kd)
+                wg = tl.load(wgrow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
+                acc_g = _mma(wg, x, acc_g, IEEE)
+                acc_u = _mma(wu, x, acc_u, IEEE)
+                if BM2 > 0:
+                    x2 = _x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
+                    acc_g2 = _mma(wg, x2, acc_g2, IEEE)
+                    acc_u2 = _mma(wu, x2, acc_u2, IEEE)
+            _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N)
+            if BM2 > 0:
+                _gateup_out(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N)
+
+@triton.jit
+def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
+                   BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
+                   ST: tl.constexpr):
+    """EAGLE-3's next-depth QKV, hidden half, ahead of time: its input is
+    ``[norm(embed(token)) | hidden_norm(parent's hidden)]``, and the second half depends only on
+    the parent row, which is one of this depth's R rows. So ``qh[p] = x[p] @ Wqkv[:, H:2H]^T``
+    (fp32, x = hidden_norm of this depth's output rows) is streamed during MERGE, while the
+    ranking keeps a few programs busy and the rest would wait at the barrier; the next QKV
+    streams only the embedding half and adds ``qh[parent]`` (``_ph_linear`` MODE 7). Slabs of
+    RP rows go to the programs after the R that merge rows (all programs, after their rows,
+    when the grid is too small for that)."""
+    NT = NQ + 2 * NKVD
+    S = tl.cdiv(NT, RP)
+    off = tl.where(R + S <= nprog, R, 0)
+    if pid >= off:
+        for v in range(pid - off, S, nprog - off):  # slab v: _ph_linear's QKV mode, stored in fp32
+            _ph_linear(v, nprog, x_ptr, H, R, wq_ptr + H, NQ, 2 * H, H, qh_ptr, NT, qh_ptr, NT, qh_ptr,
+                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST)
