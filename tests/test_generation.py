@@ -341,7 +341,7 @@ def test_draft_options_reach_every_draft_call(pair, monkeypatch):
     """``draft_options`` (e.g. the triton backend's ``mode``, torch_ref's ``trace``) go to every draft
     call, single and batched, beside the loop's own arguments; bad ones are refused when the
     generator is made."""
-    import frontier.generation as gmod
+    import frontier.generation.loop as gmod
 
     target, cfg, w = pair
     seen = []
