@@ -1117,7 +1117,7 @@ def test_dims_problems_are_collected_and_rope_problems_keep_the_dims():
 
 
 def test_read_json_file_names_a_file_that_cannot_be_read(tmp_path, monkeypatch):
-    import frontier.loading as loading
+    import frontier.loading.files as loading  # _read_json_file opens through this module
 
     cfg = tmp_path / "config.json"
     cfg.write_text("{}")
