@@ -796,7 +796,7 @@ def test_demo_with_a_local_head(tmp_path, capsys):
 
     cfg, w, path = _saved(tmp_path, "eagle3", include_embedding=True, v=70, vt=130, h=32, nh=4, nkv=2, inter=48)
     backend = "torch_ref" if _torch_ref_ok() else "stub"
-    assert main(["demo", "--head", str(path), "--backend", backend, "--total-token", "10", "--depth", "3", "--top-k", "3", "--json"]) == 0
+    assert main(["demo", "--head", str(path), "--backend", backend, "--total-token", "10", "--depth", "3", "--tree-top-k", "3", "--json"]) == 0
     fr = json.loads(capsys.readouterr().out)
     assert len(fr["draft_tokens"][0]) == 10
     assert all(0 <= t < cfg.target_vocab_size for t in fr["draft_tokens"][0])
@@ -808,7 +808,7 @@ def test_demo_with_a_head_that_needs_the_targets_embedding(tmp_path, capsys):
 
     cfg, w, path = _saved(tmp_path, "eagle3", include_embedding=False, v=70, vt=130, h=32, nh=4, nkv=2, inter=48)
     target = _write_target(tmp_path / "t", w.embed_tokens, None)
-    args = ["demo", "--head", str(path), "--backend", "torch_ref", "--total-token", "10", "--depth", "3", "--top-k", "3", "--json"]
+    args = ["demo", "--head", str(path), "--backend", "torch_ref", "--total-token", "10", "--depth", "3", "--tree-top-k", "3", "--json"]
     assert main(args) == 2
     assert "target" in capsys.readouterr().err  # without --target: the loader's clear error
     assert main(args + ["--target", str(target)]) == 0
