@@ -369,3 +369,103 @@ def test_draft_options_reach_every_draft_call(pair, monkeypatch):
     # the loop passes these two positionally: refused at construction, not a TypeError at the first draft
     with pytest.raises(InputError, match=r"draft_options cannot set \['cfg', 'features_concat'\]"):
         SpeculativeGenerator(target, cfg, w, backend="torch_ref", draft_options={"features_concat": None, "cfg": cfg})
+
+
+# ----------------------------------------------------------------------------------------------
+# The target's cache keyword: whatever name the installed transformers' forward declares
+# ----------------------------------------------------------------------------------------------
+def test_cache_keyword_follows_the_forward_signature(pair):
+    """``cache`` where forward declares it (current transformers), else ``past_key_values``."""
+    import inspect
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from frontier.generation.target import cache_keyword, returned_cache
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=None):
+            return input_ids
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=None):
+            return input_ids
+
+    class Opaque(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return args
+
+    def unreadable(*args, **kwargs):
+        return args
+
+    unreadable.__signature__ = "not a Signature"  # inspect.signature raises TypeError
+
+    class Unreadable:
+        forward = staticmethod(unreadable)
+
+    assert cache_keyword(New()) == "cache"
+    assert cache_keyword(Old()) == "past_key_values"
+    assert cache_keyword(Opaque()) == "past_key_values"
+    assert cache_keyword(Unreadable()) == "past_key_values"
+    target = pair[0]
+    declared = inspect.signature(target.forward).parameters
+    assert cache_keyword(target) == ("cache" if "cache" in declared else "past_key_values")
+
+    @dataclass
+    class NewOutput:
+        logits: object = None
+        cache: object = None
+
+    assert returned_cache(NewOutput(cache="kv")) == "kv"
+    assert returned_cache(SimpleNamespace(logits=None, past_key_values="kv")) == "kv"
+
+
+class _OldSignatureLlama:
+    """Mixed into a copy of the tiny target: the forward of a transformers release that takes and
+    returns the KV cache as ``past_key_values``, wrapping whichever name the installed one uses."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, logits_to_keep=0):
+        from types import SimpleNamespace
+
+        from frontier.generation.target import cache_keyword, returned_cache
+
+        inner = cache_keyword(super())
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=use_cache, logits_to_keep=logits_to_keep, **{inner: past_key_values})
+        return SimpleNamespace(logits=out.logits, past_key_values=returned_cache(out))
+
+
+def test_old_cache_keyword_generates_the_same(pair):
+    """A target whose forward takes ``past_key_values`` (older transformers) gets the cache under
+    that name and generates what the current-API target does, one prompt and a batch."""
+    import copy
+
+    from frontier.generation.target import cache_keyword
+
+    target, cfg, w = pair
+    old = copy.deepcopy(target)
+    old.__class__ = type("OldSignatureLlama", (_OldSignatureLlama, type(target)), {})
+    assert cache_keyword(old) == "past_key_values"
+    ids = _prompt(11, 7)
+    want = generate(target, ids, cfg=cfg, weights=w, max_new_tokens=9, eos_token_id=None)
+    got = generate(old, ids, cfg=cfg, weights=w, max_new_tokens=9, eos_token_id=None)
+    assert torch.equal(got.sequences, want.sequences) and torch.equal(got.sequences, _reference(target, ids, 9))
+    prompts = [ids[0], _prompt(12, 4)[0]]
+    want_b = generate(target, prompts, cfg=cfg, weights=w, max_new_tokens=6, eos_token_id=None)
+    got_b = generate(old, prompts, cfg=cfg, weights=w, max_new_tokens=6, eos_token_id=None)
+    assert all(torch.equal(a, b) for a, b in zip(got_b.sequences, want_b.sequences))
+
+
+def test_target_forwards_raise_no_deprecation_warning(pair):
+    """The loop calls the target the way the installed transformers expects: no FutureWarning or
+    DeprecationWarning from a generation, one prompt or a batch (whatever the pytest filters say)."""
+    import warnings
+
+    target, cfg, w = pair
+    ids = _prompt(13, 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate(target, ids, cfg=cfg, weights=w, max_new_tokens=5)
+        generate(target, [ids[0], _prompt(14, 3)[0]], cfg=cfg, weights=w, max_new_tokens=4)
+    deprecations = [str(c.message) for c in caught if issubclass(c.category, (FutureWarning, DeprecationWarning))]
+    assert deprecations == []

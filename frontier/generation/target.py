@@ -13,10 +13,15 @@ hidden state.
 - ``compact_cache`` / ``compact_cache_batch``: the accepted path's K/V rows move right after the
   context; the other tree rows are dropped (batch: left as holes past each sequence's length,
   masked by the next verify). ``select_cache_rows`` drops the sequences that stopped.
+
+The cache is passed to the model under the name its ``forward`` declares (:func:`cache_keyword`:
+``cache`` in current transformers, ``past_key_values`` in older releases) and read back from the
+output under the same name (:func:`returned_cache`).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -24,8 +29,8 @@ import torch
 from ..errors import FrontierError, InputError
 
 __all__ = [
-    "TargetRunner", "check_cache", "check_cache_length", "compact_cache", "compact_cache_batch",
-    "eagle3_tap_layers", "select_cache_rows",
+    "TargetRunner", "cache_keyword", "check_cache", "check_cache_length", "compact_cache", "compact_cache_batch",
+    "eagle3_tap_layers", "returned_cache", "select_cache_rows",
 ]
 
 
@@ -49,6 +54,24 @@ def _decoder_layers(target: Any) -> Any:
             "frontier.generate supports Llama-family causal LMs"
         )
     return layers
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword under which ``model.forward`` takes the KV cache: ``"cache"`` where it declares
+    that parameter (current transformers), else ``"past_key_values"`` (older releases)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache of a model output: its ``cache`` field where the output class declares one,
+    else ``past_key_values``."""
+    if "cache" in getattr(type(out), "__dataclass_fields__", {}):
+        return out.cache
+    return out.past_key_values
 
 
 class TargetRunner:
@@ -79,6 +102,7 @@ class TargetRunner:
         self.architecture = architecture
         self.taps = eagle3_tap_layers(self.num_layers) if architecture == "eagle3" else []
         self.feature_size = len(self.taps) * self.hidden_size if architecture == "eagle3" else self.hidden_size
+        self.cache_kwarg = cache_keyword(target)  # "cache" or "past_key_values"
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
 
@@ -122,7 +146,7 @@ class TargetRunner:
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Returns (last logits [1, V_t], features [1, P, F], cache)."""
         out = self.target(input_ids=input_ids, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        cache = returned_cache(out)
         check_cache(cache)
         return out.logits[:, -1].to(self.device), self._features(), cache
 
@@ -138,7 +162,8 @@ class TargetRunner:
         )[None, None]  # [1, 1, T, context + T]: full context + the tree's ancestors-or-self
         position_ids = (tree_position_ids + context)[None]  # [1, T]
         out = self.target(
-            input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True
+            input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+            **{self.cache_kwarg: cache},
         )
         return out.logits[0].to(self.device), self._features()
 
@@ -167,7 +192,7 @@ class TargetRunner:
             input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
             logits_to_keep=torch.tensor(last, device=self.device),
         )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         check_cache(cache)
         where = torch.tensor([last.index(n - 1) for n in lens], device=out.logits.device)  # [B]
         logits = out.logits[torch.arange(bsz, device=out.logits.device), where]  # [B, V]
@@ -189,7 +214,8 @@ class TargetRunner:
         mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)[:, None]  # [B, 1, T, phys + T]
         position_ids = lengths[:, None] + tree_position_ids  # [B, T]
         out = self.target(
-            input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True
+            input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+            **{self.cache_kwarg: cache},
         )
         return out.logits.to(self.device), self._features()
 
