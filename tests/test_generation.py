@@ -19,9 +19,12 @@ from frontier.generation import (
 from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
+    DEPRECATIONS_FAIL,
     TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, on_backend_device, pair,
     plant_continuation,
 )
+
+pytestmark = DEPRECATIONS_FAIL
 
 
 def _prompt(seed, length):

@@ -12,7 +12,9 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from frontier import FrontierConfig
 from frontier.generation import SamplingParams, generate, random_pair, sampling_accept, warp_logits
 from frontier.tree import pack_tree
-from gen_support import _one_thread  # noqa: F401
+from gen_support import DEPRECATIONS_FAIL, _one_thread  # noqa: F401
+
+pytestmark = DEPRECATIONS_FAIL
 
 
 def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
