@@ -1265,24 +1265,28 @@ def test_gpu_one_graph_serves_every_new_row_count(arch):
 
 
 @pytest.mark.gpu
-def test_gpu_replayed_calls_return_their_own_outputs():
-    """frontier_generate on the persistent path replays a captured graph when a call repeats the
-    last ones' shapes and buffers; its outputs are allocated after the replay is queued and its
-    Frontiers built before the error flag is read. Two inputs alternated on one cache (the same
-    shapes: every call after the second replays): each result equals the same input's others,
-    the two differ, and no earlier result is overwritten by a later call."""
+@pytest.mark.parametrize("mode", [None, "persistent"])
+def test_gpu_replayed_calls_return_their_own_outputs(mode):
+    """frontier_generate replays a captured graph (the default mode's step launches, or the
+    persistent launch) when a call repeats the last ones' shapes and buffers; its outputs are
+    allocated after the replay is queued and its Frontiers built before the error flag is read.
+    Two inputs alternated on one cache (the same shapes: every call after the second replays):
+    each result equals the same input's others, the two differ, and no earlier result is
+    overwritten by a later call."""
     cfg = _medium_config("eagle3")
     w = random_weights(cfg, seed=73, device="cuda", lm_head_scale=6.0)
     ids, feats = random_inputs(cfg, context=40, seed=74)
     ids, feats = ids.cuda(), feats.cuda()
-    cache = frontier_generate(cfg, feats[:, :36], "triton", input_ids=ids[:, :37], weights=w).cache
+    options = {} if mode is None else {"mode": mode}
+    cache = frontier_generate(cfg, feats[:, :36], "triton", input_ids=ids[:, :37], weights=w, **options).cache
     got = []
     for call in range(6):
         cache.truncate(36)
         fr = frontier_generate(cfg, feats[:, 36:] * (1 + call % 2), "triton", input_ids=ids, weights=w, cache=cache,
-                               padded=True, check_token_range=False)
+                               padded=True, check_token_range=False, **options)
         got.append((fr, [t.clone() for t in (fr.draft_tokens, fr.parents, fr.scores, fr.tree_mask, fr.retrieve_indices)]))
-    assert len(frontier.get_backend("triton").drafter(cfg, w.dtype, torch.device("cuda"))._pgraphs) >= 1
+    d = frontier.get_backend("triton").drafter(cfg, w.dtype, torch.device("cuda"))
+    assert len(d._pgraphs if mode == "persistent" else d._graphs) >= 1
     for fr, saved in got:  # nothing returned earlier was written by a later call
         now = (fr.draft_tokens, fr.parents, fr.scores, fr.tree_mask, fr.retrieve_indices)
         assert all(torch.equal(a, b) for a, b in zip(now, saved))

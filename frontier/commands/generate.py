@@ -50,8 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gen = p.add_argument_group("generation")
     gen.add_argument("--backend", default="torch_ref", help="draft backend (default torch_ref)")
     gen.add_argument("--draft-mode", choices=["persistent", "steps", "graph"], default=None,
-                     help="triton backend: launch mode of the draft calls (default persistent on a GPU; graph replays "
-                     "per-phase kernels as a CUDA graph, the faster mode measured)")
+                     help="triton backend: launch mode of the draft calls (default graph on a GPU: per-phase kernels replayed "
+                     "as a CUDA graph; persistent: one cooperative launch)")
     gen.add_argument("--max-new-tokens", type=positive_int, default=128)
     gen.add_argument("--max-length", type=positive_int, default=None, help="stop when prompt + new tokens reach this")
     gen.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (lossless vs target.generate)")
