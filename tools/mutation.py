@@ -49,23 +49,15 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "api": (["tests/test_api.py", *FAST], None),
     "request": (["tests/test_api.py", "tests/test_batch.py", *VALIDATION], None),
     "batch": (["tests/test_batch.py", *FAST], None),
-    # loading.py is mostly file reading; its validation (the JSON files, shard names, the head's
-    # config.json: dimensions and RoPE settings, how problems are reported) is what is mutated, against
-    # the unit tests of those helpers (the end-to-end loads take seconds each).
-    "loading": (
-        ["tests/test_loading.py", "-k", "read_json or shard_names or rope_from or rope_parameters or raise_problems "
-         "or weight_of or head_dims or dims_"],
-        [
-            "x__read_json_file*",
-            "x__shard_name*",
-            "x__read_json__*",
-            "x__rope_from_config*",
-            "x__dims_from_config*",
-            "x__raise_problems*",
-            "x__weight_of*",
-            "xǁHeadDimsǁ*",
-        ],
-    ),
+    # The loading package is mostly file reading; its validation (the JSON files, shard names, the
+    # head's config.json: dimensions and RoPE settings, how problems are reported) is what is
+    # mutated, against the unit tests of those helpers (the end-to-end loads take seconds each).
+    "loading.files": (["tests/test_loading.py", "-k", "read_json or shard_names"],
+                      ["x__read_json_file*", "x__shard_name*", "x__read_json__*"]),
+    "loading.config_json": (["tests/test_loading.py", "-k", "rope_from or rope_parameters or head_dims or dims_"],
+                            ["x__rope_from_config*", "x__dims_from_config*", "xǁHeadDimsǁ*"]),
+    "loading.plan": (["tests/test_loading.py", "-k", "raise_problems or weight_of"],
+                     ["x__raise_problems*", "x__weight_of*"]),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -169,7 +161,7 @@ def write_config(pyproject: str, module: str, tests: list[str]) -> str:
         import tomli as tomllib
     settings = dict(tomllib.loads(pyproject).get("tool", {}).get("mutmut", {}))
     settings["source_paths"] = ["frontier"]
-    settings["only_mutate"] = [f"frontier/{module}.py"]
+    settings["only_mutate"] = [f"frontier/{module.replace('.', '/')}.py"]
     settings["pytest_add_cli_args_test_selection"] = tests
     # Workers fork straight from mutmut's process (with one OpenMP thread, see run_module), except
     # for the registry: tests/conftest.py calls it at import time, which mutmut's forced-failure
@@ -188,7 +180,7 @@ def prepare(module: str, tests: list[str], workdir: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "frontier", workdir / "frontier", ignore=ignore)
     shutil.copytree(REPO / "tests", workdir / "tests", ignore=ignore)
-    target = workdir / "frontier" / f"{module}.py"
+    target = workdir / "frontier" / f"{module.replace('.', '/')}.py"
     target.write_text(undecorate(target.read_text()))
     (workdir / "pyproject.toml").write_text(write_config((REPO / "pyproject.toml").read_text(), module, tests))
 
@@ -241,12 +233,12 @@ def run_module(module: str, workroot: Path, max_children: int, verbose: bool) ->
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     cmd += [f"frontier.{module}.{g}" for g in globs or []]
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=not verbose, text=True)
-    meta = workdir / "mutants" / "frontier" / f"{module}.py.meta"
+    meta = workdir / "mutants" / "frontier" / f"{module.replace('.', '/')}.py.meta"
     if not meta.exists():
         sys.stdout.write((proc.stdout or "") + (proc.stderr or ""))
         raise SystemExit(f"mutmut produced no results for {module} (exit {proc.returncode})")
     collected = subprocess.run(
-        [sys.executable, "-c", COLLECT, str(meta), str(workdir / "mutants" / "frontier" / f"{module}.py")],
+        [sys.executable, "-c", COLLECT, str(meta), str(workdir / "mutants" / "frontier" / f"{module.replace('.', '/')}.py")],
         cwd=workdir, env=env, capture_output=True, text=True, check=True,
     )
     results = {k: v for k, v in json.loads(collected.stdout).items() if matches(k, globs)}
@@ -302,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summaries = {}
     for module in args.modules or list(MODULES):
-        print(f"== {module}: mutating frontier/{module}.py against {' '.join(MODULES[module][0])}", flush=True)
+        print(f"== {module}: mutating frontier/{module.replace('.', '/')}.py against {' '.join(MODULES[module][0])}", flush=True)
         summaries[module] = summarise(run_module(module, args.workdir, args.max_children, args.verbose), equivalents)
         s = summaries[module]
         for name, key, diff in s["unexplained"]:
