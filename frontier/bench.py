@@ -11,7 +11,7 @@ The timed call is the steady-state one of a generation loop: the cache already h
 is truncated back, so every timed call does the same work.
 
 Batches (``--batch 1,4,16,64``). Batch 1 is the single-sequence call above
-(:class:`CallSetup`, ``frontier_generate``), unchanged so its numbers compare across sessions.
+(:class:`CallSetup`, ``frontier_generate``), so batch-1 numbers compare across batch runs.
 A batch of B > 1 (:class:`BatchCallSetup`) is B sequences on the same head, each with its own
 random ids and features, their caches the slots of one :class:`~frontier.batch.BatchDraftCache`
 prefilled by torch_ref; each timed call truncates every slot back to its prefill length and
@@ -447,8 +447,8 @@ def phase_totals(schedule: list[int], runs: list[list[float]]) -> dict[str, floa
 
 
 def format_table(rows: list[BenchRow], bandwidth: float) -> str:
-    """The bench table. Batch-1-only runs keep the columns earlier sessions reported; a run with
-    batch rows appends per variant ``ms/seq`` and ``x b1`` (ms per call over the batch-1 row's)."""
+    """The bench table: per variant ms and % of the floor (and the speedup over torch_ref when it
+    ran); a run with batch rows appends per variant ``ms/seq`` and ``x b1`` (ms per call over the batch-1 row's)."""
     batched = any(r.batch > 1 for r in rows)
     variants: list[str] = []
     for r in rows:

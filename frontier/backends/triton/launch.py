@@ -286,8 +286,8 @@ class Drafter(LaunchPlanner):
         return ws
 
     def graphable(self, timing: bool = False) -> bool:
-        """Whether persistent launches go through CUDA graphs (``Tuning.persistent_graph``, a
-        CUDA device, no in-kernel timing, and no failed capture on this drafter so far)."""
+        """Whether persistent launches go through CUDA graphs: on a CUDA device, without in-kernel
+        timing, and unless a capture on this drafter failed (then it launches directly)."""
         return (not timing and self.device.type == "cuda" and not interpreting()
                 and self.graph_error is None)
 
@@ -339,8 +339,7 @@ class Drafter(LaunchPlanner):
         """The kernel's VEC_W / VEC_KV: elements per 16 bytes when the QKV weight rows / every
         cache's K/V rows and offsets are proven 16-byte aligned (the kernel then declares those
         loads aligned: vector loads in the cp.async pipeline instead of 2-byte scalars), else 1.
-        True for contiguous real heads; odd test sizes may not be. ``Tuning.vec_w`` /
-        ``Tuning.vec_kv`` turn the declarations off (to measure them)."""
+        True for contiguous real heads; odd test sizes may not be."""
         el = self.dtype.itemsize
 
         def aligned(tens, skip=0):  # every row of every tensor starts on a 16-byte boundary
@@ -356,7 +355,7 @@ class Drafter(LaunchPlanner):
 
     def _launch_steps(self, args, const, shape: tuple[int, int], step_hook=None) -> None:
         """One launch per schedule entry (the interpreter path; on GPU the graph mode's body):
-        the kernel built for the entry's phase (``Tuning.phase_kernels``) on its own grid
+        the kernel built for the entry's phase alone on its own grid
         (``step_grid`` for ``shape`` = (sequences, packed new rows)); the grids are worked out here,
         when launches are made, not on every replay of a captured graph."""
         args = dict(args)

@@ -132,9 +132,10 @@ class LaunchPlanner:
     def row_tiles(self, batch: int) -> tuple[int, int]:
         """(BM, BM2): the activation tile(s) of the weight-streaming phases. Narrow launches use
         one tile, BM = ``block_rows``. Wide ones (``block_rows >= wide_bm``) cover the B*K tree
-        rows with two power-of-two tiles when that pads less (160 rows: 128 + 32 instead of 256): the tensor-core work and the activation
-        traffic of every weight chunk scale with the padded width, and at batch 16 these GEMMs
-        are bound by them rather than by the weight stream."""
+        rows with two power-of-two tiles when that pads less (160 rows: 128 + 32 instead of 256):
+        the tensor-core work and the activation traffic of every weight chunk scale with the
+        padded width, and at batch 16 these GEMMs are bound by them rather than by the weight
+        stream."""
         bm = self.block_rows(batch)
         rows = batch * self.cfg.top_k
         tn = self.tuning

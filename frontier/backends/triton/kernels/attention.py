@@ -37,6 +37,7 @@ def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.conste
         keep = keep & (anc == (slot0 + rj)[None, :])
     return tl.where(keep, s, float("-inf")), rj
 
+
 @triton.jit
 def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, a, sqrt_d, HD,
                  DT: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -48,6 +49,7 @@ def _tree_scores(q, tk_ptr, anc_ptr, g, t_head_stride, r_of, qmask, anc_stride, 
     sa = tl.sum(q.to(tl.float32) * kt.to(tl.float32), axis=1)
     sa = _div_rn_by(sa.to(DT).to(tl.float32), sqrt_d, _recip_rn(sqrt_d)).to(DT).to(tl.float32)
     return sa, slot
+
 
 @triton.jit
 def _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
@@ -64,6 +66,7 @@ def _ctx_stats(q, m_i, l_i, ck_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT
         m_i = m_new
     return m_i, l_i
 
+
 @triton.jit
 def _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d, HD,
                 DT: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -74,6 +77,7 @@ def _tree_stats(q, m_i, l_i, tk_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_s
         l_i = l_i * tl.exp(m_i - m_new) + tl.exp(sa - m_new)
         m_i = m_new
     return m_i, l_i
+
 
 @triton.jit
 def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt_d, HD, DT: tl.constexpr,
@@ -93,6 +97,7 @@ def _ctx_pv(acc, q, m_i, l_i, ck_ptr, cv_ptr, g, c_head_stride, j_lo, j_hi, sqrt
         acc = _mma(p, v, acc, IEEE)
     return acc
 
+
 @triton.jit
 def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc, sqrt_d,
              HD, DT: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -106,6 +111,7 @@ def _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qm
                      mask=qmask[:, None] & (rd < HD)[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
         acc += pa[:, None] * vt
     return acc
+
 
 @triton.jit
 def _attn_item(b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, HD,
@@ -125,6 +131,7 @@ def _attn_item(b, g, R, meta_ptr, qr_ptr, kv_ptr, anc_ptr, anc_stride, NH, NKV, 
     q = tl.load(qr_ptr + qoff[:, None] + rd[None, :], mask=qmask[:, None] & (rd < HD)[None, :], other=0.0,
                 cache_modifier=".cg")
     return nctx, c_head_stride, ck_ptr, cv_ptr, anc_b, qoff, q, r_of, qmask
+
 
 @triton.jit
 def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
@@ -191,6 +198,7 @@ def _ph_attn_part(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr,
                 acc = pa[:, None] * vt
             tl.store(pacc_ptr + (base + rq)[:, None] * BLOCK_D + rd[None, :], acc)
 
+
 @triton.jit
 def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t_head_stride, anc_ptr, anc_stride,
                    SK, n_anc, NH, NKV, HD, sqrt_d, ao_ptr,
@@ -232,6 +240,7 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
             acc = _tree_pv(acc, q, m_i, l_i, tk_ptr, tv_ptr, anc_b, g, t_head_stride, r_of, qmask, anc_stride, n_anc,
                            sqrt_d, HD, DT, BLOCK_D)
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=qmask[:, None] & dm[None, :])
+
 
 @triton.jit
 def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH, n_anc,

@@ -30,6 +30,7 @@ def _globaltimer(dummy):
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dummy], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
+
 @triton.jit
 def _ld_acquire(ptr):
     """A gpu-scope acquiring load of one int32 (``ld.global.acquire.gpu``): orders what follows
@@ -37,13 +38,15 @@ def _ld_acquire(ptr):
     return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
                                      is_pure=False, pack=1)
 
+
 @triton.jit
 def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
     """Bounded device-wide barrier. sync_ptr[0] counts arrivals (a release atomic per program);
     waiting programs poll it with acquiring loads (no read-modify-write traffic on the line), so
-    the poll that sees every arrival is the acquire and no extra round trip follows. A program that polls MAX_SPIN times without seeing every arrival sets the error
-    flag sync_ptr[1] and adds 2^30 to the counter, which releases every waiter of this and all
-    later barriers at once; the launcher then raises."""
+    the poll that sees every arrival is the acquire and no extra round trip follows. A program
+    that polls MAX_SPIN times without seeing every arrival sets the error flag sync_ptr[1] and
+    adds 2^30 to the counter, which releases every waiter of this and all later barriers at once;
+    the launcher then raises."""
     tl.debug_barrier()
     tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
     cur = _ld_acquire(sync_ptr)
@@ -55,6 +58,7 @@ def _grid_sync(sync_ptr, target, MAX_SPIN: tl.constexpr):
         tl.atomic_xchg(sync_ptr + 1, 1, sem="relaxed", scope="gpu")
         tl.atomic_add(sync_ptr, 1 << 30, sem="relaxed", scope="gpu")
     tl.debug_barrier()
+
 
 @triton.jit
 def _last_arrival(ticket_ptr, n):

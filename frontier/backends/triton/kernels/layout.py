@@ -91,6 +91,7 @@ def _kv_off(mb, field, VEC: tl.constexpr):
         off = tl.multiple_of(off, VEC)
     return off
 
+
 @triton.jit
 def _seq_cache(meta_ptr, b, kv_ptr, HD, VEC: tl.constexpr):
     """Sequence b's attention context: its length (cached + new rows), the per-KV-head stride of

@@ -26,6 +26,7 @@ def _top_rounds16(keys, col, K, base, DT: tl.constexpr):
         keys = tl.where(keys == best[:, None], KEY32_NONE, keys)
     return _wide_key(top, DT, base)
 
+
 @triton.jit
 def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr, KEY16: tl.constexpr = False, base=0):
     """Logits of one accumulator block [rows, BM] -> ([BM, rows] keys, row max, valid logits).
@@ -43,6 +44,7 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr, KEY16: tl.constexpr = Fals
     else:
         keys = tl.where(valid, _key(logit, rr[None, :]), KEY_NONE)
     return keys, tl.max(logit, axis=1), logit
+
 
 @triton.jit
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
@@ -116,6 +118,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             tl.store(sslot + rm, nsum, mask=rmask)
             tl.debug_barrier()
 
+
 @triton.jit
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
@@ -142,6 +145,7 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     if stats:
         tl.debug_barrier()
         _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K, KP, BMK, BNP, DT, KEY16)
+
 
 @triton.jit
 def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
@@ -178,6 +182,7 @@ def _lm_slab_stats(pid, logit_ptr, V, keys_ptr, max_ptr, sum_ptr, RP, M, MR, K,
         tl.store(max_ptr + pid * MR + rm, rmax, mask=rows_ok)
         tl.store(sum_ptr + pid * MR + rm, rsum, mask=rows_ok)
 
+
 @triton.jit
 def _lp_keys(row, idx, V, gmax, logs, DT: tl.constexpr, KEY32: tl.constexpr):
     """Ranking keys of the log-probs at vocabulary indices ``idx`` (any shape) of one logits row:
@@ -191,6 +196,7 @@ def _lp_keys(row, idx, V, gmax, logs, DT: tl.constexpr, KEY32: tl.constexpr):
     else:
         keys = tl.where(valid, _key(lp.to(tl.float32), idx), KEY_NONE)
     return keys
+
 
 @triton.jit
 def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
@@ -247,6 +253,7 @@ def _ph_merge_rows(pid, nprog, R, logit_ptr, V, sel_lp_ptr, sel_tok_ptr, K,
         tl.store(sel_lp_ptr + r * KP + rk, _key_val(wide), mask=rk < K)
         tl.store(sel_tok_ptr + r * KP + rk, _key_idx(wide), mask=rk < K)
 
+
 @triton.jit
 def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
               KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr, KEY32: tl.constexpr = False):
@@ -258,13 +265,13 @@ def _ph_merge(pid, nprog, R, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_
     for r in range(pid, R, nprog):
         _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR, KP, BLOCK_P, DT, KEY32)
 
+
 @triton.jit
 def _merge_row(r, P, keys_ptr, max_ptr, sum_ptr, sel_lp_ptr, sel_tok_ptr, K, MR,
                KP: tl.constexpr, BLOCK_P: tl.constexpr, DT: tl.constexpr, KEY32: tl.constexpr):
     """``_ph_merge`` for row r. The partials' top lists are loaded as one flat list (entry
     p * KP + rank), so that each of the K rounds takes its maximum in one reduction (a
-    [BLOCK_P, KP] block took two: twenty-third session, 8B depth 7, -0.013 ms per call); the
-    K picks are decoded and stored after the last round, two vector stores."""
+    [BLOCK_P, KP] block takes two); the K picks are decoded and stored after the last round, two vector stores."""
     rp = tl.arange(0, BLOCK_P)
     pm = rp < P
     pmax = tl.load(max_ptr + rp * MR + r, mask=pm, other=float("-inf"), cache_modifier=".cg")

@@ -21,6 +21,7 @@ def _rms_row(x_ptr, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     x = tl.load(x_ptr + rh, mask=hm, other=0.0, cache_modifier=".cg").to(tl.float32)
     return _rms_of(x, w_ptr, H, eps, BLOCK_H, DT)
 
+
 @triton.jit
 def _rms_of(x, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     """``_rms_row`` of a row already in registers (fp32 [BLOCK_H], zeros past H)."""
@@ -31,6 +32,7 @@ def _rms_of(x, w_ptr, H, eps, BLOCK_H: tl.constexpr, DT: tl.constexpr):
     y = (x * rstd).to(DT).to(tl.float32)
     w = tl.load(w_ptr + rh, mask=hm, other=0.0).to(tl.float32)
     return (w * y).to(DT)
+
 
 @triton.jit
 def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hcur_ptr, xin_ptr,
@@ -68,6 +70,7 @@ def _ph_prep(pid, nprog, M, tok_ptr, emb_ptr, hsrc_ptr, hsrc_stride, src_ptr, hc
             tl.store(xin_ptr + m * 2 * H + rh, e.to(DT), mask=hm)
             tl.store(xin_ptr + m * 2 * H + H + rh, h.to(DT), mask=hm)
 
+
 @triton.jit
 def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
     DT = y_ptr.dtype.element_ty
@@ -75,6 +78,7 @@ def _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
     for m in range(pid, M, nprog):
         y = _rms_row(x_ptr + m * H, w_ptr, H, eps, BLOCK_H, DT)
         tl.store(y_ptr + m * H + rh, y, mask=rh < H)
+
 
 @triton.jit
 def _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H: tl.constexpr):
@@ -91,6 +95,7 @@ def _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr,
         tl.store(x_ptr + m * H + rh, x, mask=hm)
         tl.store(y_ptr + m * H + rh, _rms_of(x.to(tl.float32), w_ptr, H, eps, BLOCK_H, DT), mask=hm)
 
+
 @triton.jit
 def _ph_norm_after(pid, nprog, M, is_ctx, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps,
                    BLOCK_H: tl.constexpr, SUMS: tl.constexpr):
@@ -104,6 +109,7 @@ def _ph_norm_after(pid, nprog, M, is_ctx, part_ptr, SPL, MR, res_ptr, x_ptr, w_p
             _ph_norm_sum(pid, nprog, M, part_ptr, SPL, MR, res_ptr, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H)
     else:
         _ph_norm(pid, nprog, M, x_ptr, w_ptr, y_ptr, H, eps, BLOCK_H)
+
 
 @triton.jit
 def _rotary_heads(row_ptr, pos, cos_ptr, sin_ptr, NR, HD, DT: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -121,6 +127,7 @@ def _rotary_heads(row_ptr, pos, cos_ptr, sin_ptr, NR, HD, DT: tl.constexpr, BLOC
     x = tl.load(row_ptr + rh * HD + rd, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
     xr = tl.load(row_ptr + rh * HD + rot, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32) * sign
     return ((x * c).to(DT).to(tl.float32) + (xr * s).to(DT).to(tl.float32)).to(DT)
+
 
 @triton.jit
 def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -152,6 +159,7 @@ def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr
             rhh = tl.arange(0, BLOCK_H)
             hrow = tl.load(hcur_ptr + m * H + rhh, mask=rhh < H, other=0.0, cache_modifier=".cg")
             tl.store(hres_ptr + b * H + rhh, hrow, mask=rhh < H)
+
 
 @triton.jit
 def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, t_head_stride, SK,

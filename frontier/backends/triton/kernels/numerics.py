@@ -22,20 +22,24 @@ def _key(v, idx):
     b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
     return (b.to(tl.int64) << 32) | (0x7FFFFFFF - idx.to(tl.int64))
 
+
 @triton.jit
 def _key_val(k):
     b = (k >> 32).to(tl.int32)
     b = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
     return b.to(tl.float32, bitcast=True)
 
+
 @triton.jit
 def _key_idx(k):
     return 0x7FFFFFFF - (k & 0x7FFFFFFF)
+
 
 @triton.jit
 def _recip_rn(d):
     """``1 / d`` correctly rounded (``div_rn``), for a scalar or a tensor d."""
     return tl.math.div_rn(1.0 + 0.0 * d, d)
+
 
 @triton.jit
 def _div_rn_by(x, d, r):
@@ -49,6 +53,7 @@ def _div_rn_by(x, d, r):
     (below fp32 rounding of the sums they enter; ``test_div_rn_by_matches_division``)."""
     q = x * r
     return tl.fma(tl.fma(-q, d, x), r, q)
+
 
 @triton.jit
 def _silu_rn(g):
@@ -72,6 +77,7 @@ def _silu_rn(g):
     q = tl.fma(tl.fma(-q, ds, g), r, q)
     return tl.where(d == float("inf"), g * 0.0, tl.where((g == 0.0) | (g == float("inf")), g, q * s))
 
+
 @triton.jit
 def _mma(a, b, acc, IEEE: tl.constexpr):
     """acc + a @ b, accumulated in fp32 (IEEE-precision products for fp32 inputs)."""
@@ -81,11 +87,13 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
         acc = tl.dot(a, b, acc)
     return acc
 
+
 @triton.jit
 def _key16(raw):
     """Order-preserving signed 16-bit image of 16-bit float bits ``raw`` (int32, sign-extended):
     the same order as ``_key``'s high half gives the value widened to fp32 (-0 below +0)."""
     return tl.where(raw >= 0, raw, raw ^ 0x7FFF)
+
 
 @triton.jit
 def _keys16(vals, idx, valid):
@@ -93,12 +101,14 @@ def _keys16(vals, idx, valid):
     ties -> lower index), KEY32_NONE where not ``valid``."""
     return tl.where(valid, (_key16(vals.to(tl.int16, bitcast=True).to(tl.int32)) << 16) | (0xFFFF - idx), KEY32_NONE)
 
+
 @triton.jit
 def _wide_key(k, DT: tl.constexpr, base=0):
     """The 64-bit ``_key`` of 32-bit ``_keys16`` keys ``k``: (the value widened to fp32, base +
     the slab-local index); KEY_NONE where ``k`` is KEY32_NONE."""
     val = _key16(k >> 16).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
     return tl.where(k == KEY32_NONE, KEY_NONE, _key(val, base + 0xFFFF - (k & 0xFFFF)))
+
 
 @triton.jit
 def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr):
@@ -119,6 +129,7 @@ def _rank_rounds(keys, top, rk, K, MERGE: tl.constexpr):
         new = tl.where(rk == j, best, new)
         keys = tl.where(keys == best, NONE, keys)
     return new
+
 
 @triton.jit
 def _best_k(keys, rk, K, DT: tl.constexpr):

@@ -24,7 +24,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .layout import CTX_DEPTH, META_ROWS, PH_ATTN, PH_ATTN2, PH_ATTN3, PH_ATTN_F, PH_DOWN, PH_FC, PH_FINAL, PH_GATEUP, PH_LMHEAD, PH_MERGE, PH_NORM_F, PH_NORM_POST, PH_OPROJ, PH_PREP2, PH_PREP3, PH_QKV, PH_RED_D, PH_ROPE, PH_SELECT
+from .layout import (
+    CTX_DEPTH, META_ROWS, PH_ATTN, PH_ATTN2, PH_ATTN3, PH_ATTN_F, PH_DOWN, PH_FC, PH_FINAL,
+    PH_GATEUP, PH_LMHEAD, PH_MERGE, PH_NORM_F, PH_NORM_POST, PH_OPROJ, PH_PREP2, PH_PREP3, PH_QKV,
+    PH_RED_D, PH_ROPE, PH_SELECT,
+)
 from .barrier import _gdc_launch_dependents, _gdc_wait, _globaltimer, _grid_sync, _last_arrival
 from .stream import _ph_gateup, _ph_linear, _ph_linear_ctx, _ph_linear_split, _ph_qkv_hidden, _ph_reduce
 from .norm_rope import _ph_norm, _ph_norm_after, _ph_prep, _ph_rope_ctx, _ph_rope_tree
@@ -35,6 +39,8 @@ from .select import _ph_final, _ph_select_step
 
 # The batch size changes from call to call: without this, Triton specialises it (== 1, % 16 == 0)
 # and recompiles the kernel as generation proceeds. (The packed new rows N come in the metadata.)
+
+
 @triton.jit(do_not_specialize=["B"])
 def drafter_kernel(
     # schedule

@@ -27,9 +27,7 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
     dtypes, K*K <= 65536): the rounds rank 32-bit keys, ``_keys16`` of the children's scores
     (DT values) and flat indices, in the order of the 64-bit ``_key``s. The children's tokens are
     stored after the rounds, which their d2t lookups' latency then hides behind, and the picks'
-    tokens are read back from there (twenty-fourth session, H200, 1B depth 7: MERGE, which runs
-    this at batch 1, 0.100 -> 0.083 ms per call with both; a match of each pick's flat index
-    over the list, [BLOCK_K, BLOCK_K * BLOCK_K], took 3.6 us per depth)."""
+    tokens are read back from there (cheaper than matching each pick's flat index over the list)."""
     rr = tl.arange(0, BLOCK_K)
     ra = tl.arange(0, BLOCK_A)
     rmask = rr < K
@@ -95,6 +93,7 @@ def _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t
             tl.store(fr_pick_ptr + fb + rr, npick.to(tl.int64), mask=rmask)
         tl.debug_barrier()
 
+
 @triton.jit
 def _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                     fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,
@@ -109,6 +108,7 @@ def _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel
         _ph_select(pid, nprog, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr, fr_tok_ptr,
                    fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V, False, HAS_D2T,
                    BLOCK_K, BLOCK_A, DT, KEY32)
+
 
 @triton.jit
 def _top_n_mask(v, valid, n):
@@ -137,6 +137,7 @@ def _top_n_mask(v, valid, n):
     eq = valid & (u == pre)
     take = valid & ((u > pre) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need)))
     return tl.where(tl.sum(valid.to(tl.int32), axis=0) <= n, valid, take)
+
 
 @triton.jit
 def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr, pf_ptr,
@@ -195,6 +196,7 @@ def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_p
     tl.store(out_ret_ptr + rank[:, None] * W + posid[None, :], vals, mask=path)
     tl.store(out_leaf_ptr, tl.sum(lf, axis=0).to(tl.int64))
     tl.store(out_leaf_ptr + 1, tl.max(tl.where(tm, posid, 0), axis=0).to(tl.int64))
+
 
 @triton.jit
 def _ph_final(pid, nprog, B, C, T, K, D1, W, RPW, PFW, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_ptr, cnt_ptr,

@@ -22,6 +22,7 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
     return tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
                    other=0.0, cache_modifier=".cg")
 
+
 @triton.jit
 def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
                    BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
@@ -54,6 +55,7 @@ def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
     acc = tl.where((rf // BNS)[:, None] == (rc // BM)[None, :], acc, 0.0)
     return tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
 
+
 @triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
@@ -79,6 +81,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
     return acc, acc2
 
+
 @triton.jit
 def _row_tiles(m0, BM: tl.constexpr, BM2: tl.constexpr):
     """The activation rows of the tile(s) starting at m0: rm [BM] and rm2 [BM2] after them (rm
@@ -89,6 +92,7 @@ def _row_tiles(m0, BM: tl.constexpr, BM2: tl.constexpr):
     else:
         rm2 = rm
     return rm, rm2
+
 
 @triton.jit
 def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr, BNS: tl.constexpr,
@@ -111,6 +115,7 @@ def _slab_rows(slab, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, QKV: tl.constexpr
         wrow = w_ptr + rr * Kd
     return rr, rmask, wrow
 
+
 @triton.jit
 def _slab_base(w_ptr, pid, RP, Kd, rows, PACK: tl.constexpr, BK: tl.constexpr):
     """Row pointers [rows] of program pid's slab (slab-local ``rows``) and the step of a k-chunk:
@@ -123,6 +128,7 @@ def _slab_base(w_ptr, pid, RP, Kd, rows, PACK: tl.constexpr, BK: tl.constexpr):
         return w_ptr + pid.to(tl.int64) * RP * kd_pad + rows * BK, RP
     else:
         return w_ptr + (pid * RP + rows) * Kd, 1
+
 
 @triton.jit
 def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE: tl.constexpr):
@@ -144,6 +150,7 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
     else:
         out = acc.to(DT)
     tl.store(y_ptr + rm[None, :] * y_stride + rr[:, None], out, mask=msk)
+
 
 @triton.jit
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
@@ -176,6 +183,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
                 acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
+
 @triton.jit
 def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y_stride, b_ptr, w2_ptr, w3_ptr, N2,
                    RP, MODE: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, ST: tl.constexpr,
@@ -198,6 +206,7 @@ def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y
     else:
         _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
                    w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+
 
 @triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
@@ -231,6 +240,7 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
                     tl.store(part_ptr + (sp * MR + rm2[None, :]) * NT + rr[:, None], acc2,
                              mask=rmask[:, None] & (rm2[None, :] < M))
 
+
 @triton.jit
 def _part_sum(part_ptr, SPL, MR, NT, m, c, cm):
     """Row m's columns c (valid where cm) of the SPL split-K fp32 partials ``part[sp, row, :]``
@@ -240,6 +250,7 @@ def _part_sum(part_ptr, SPL, MR, NT, m, c, cm):
     for sp in range(SPL):
         acc += tl.load(part_ptr + (sp * MR + m) * NT + c, mask=cm, other=0.0, cache_modifier=".cg")
     return acc
+
 
 @triton.jit
 def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, res_stride,
@@ -261,6 +272,7 @@ def _ph_reduce(pid, nprog, part_ptr, SPL, M, NT, MR, y_ptr, y_stride, res_ptr, r
             out = acc.to(DT)
         tl.store(y_ptr + m * y_stride + c, out, mask=cm)
 
+
 @triton.jit
 def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
     """act = silu(g) * u for one pair of accumulators, each op rounded like the reference."""
@@ -272,6 +284,7 @@ def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
     else:
         sg = tl.math.div_rn(g, 1.0 + tl.exp(-g)).to(DT).to(tl.float32)
     tl.store(y_ptr + rm[None, :] * N + rr[:, None], (sg * u).to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+
 
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
@@ -313,6 +326,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
             _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N)
             if BM2 > 0:
                 _gateup_out(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N)
+
 
 @triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
