@@ -1817,3 +1817,33 @@ def test_select_prunes_the_children_as_a_stable_sort_by_score(seed, B, K, i, gri
         assert torch.equal(got["anc"][rows, i + 1], (b * SK + (i + 1) * K + torch.arange(K)).int())
         offset = 1 if i == 0 else 1 + K + (i - 1) * K * K
         assert torch.equal(got["row_par"][b, 1 + i * K: 1 + (i + 1) * K], pick_old[rows] + offset)
+
+
+def test_tuning_option_overrides_fields_and_refuses_bad_values():
+    """The backend's ``tuning`` option: "field=value" overrides (or a Tuning) pick a drafter of
+    that tuning, kept apart from the default one, and draft what the default drafts here; an
+    unknown field, a value of the wrong type, a non-positive size or a tile that is not a power of
+    two is an InputError naming the option, and the cache is left as it was."""
+    from frontier.backends.triton.tuning import Tuning
+
+    cfg = random_config(total_token=12, depth=2, top_k=3, vocab_size=60, target_vocab_size=90)
+    w = random_weights(cfg, seed=5, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=6, seed=6)
+    ids, feats = ids.to(DEVICE), feats.to(DEVICE)
+    ref = frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)
+    got = frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w, tuning="merge_group=4, lin_fold=2")
+    assert torch.equal(ref.draft_tokens, got.draft_tokens) and torch.equal(ref.retrieve_indices, got.retrieve_indices)
+    be = frontier.get_backend("triton")
+    tuned = be.drafter(cfg, w.dtype, torch.device(DEVICE), tuning=Tuning(merge_group=4, lin_fold=2))
+    assert tuned is not be.drafter(cfg, w.dtype, torch.device(DEVICE))
+    assert tuned.tuning.merge_group == 4 and tuned.tuning.lin_fold == 2
+    cache = got.cache
+    cache.truncate(cache.length - 1)  # (each bad call brings the last row again)
+    n = cache.length
+    for bad, msg in [("no_such=1", "no field 'no_such'"), ("grid=two", "grid takes an integer"),
+                     ("grid=0", "grid must be a positive integer"), ("BM=24", "BM must be a power of two"),
+                     ("fused_attention=maybe", "fused_attention takes true or false"), (3, "must be a Tuning")]:
+        with pytest.raises(frontier.InputError, match=msg) as e:
+            frontier_generate(cfg, feats[:, -1:], "triton", input_ids=ids, weights=w, cache=cache, tuning=bad)
+        assert "tuning" in str(e.value)
+        assert cache.length == n

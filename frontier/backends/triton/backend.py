@@ -27,9 +27,10 @@ def _triton_importable() -> tuple[bool, str]:
 class TritonBackend(Backend):
     name = "triton"
     requires_weights = True
-    # mode: how the phases launch; pack_weights: stream packed weight copies; pack: who packs
-    # the tree ("kernel" or "torch"); trace: the candidate list in Frontier.info
-    options = ("mode", "pack_weights", "pack", "trace")
+    # mode: how the phases launch; pack_weights: stream packed weight copies; tuning: tile and
+    # launch-shape overrides (a Tuning, or "field=value,..."); pack: who packs the tree ("kernel"
+    # or "torch"); trace: the candidate list in Frontier.info
+    options = ("mode", "pack_weights", "tuning", "pack", "trace")
     description = "fused Triton drafter (GPU; CPU under TRITON_INTERPRET=1)"
 
     def __init__(self) -> None:
@@ -58,28 +59,49 @@ class TritonBackend(Backend):
         return True, ""
 
     # ------------------------------------------------------------------------------------------
-    def drafter(self, cfg, dtype: torch.dtype, device: torch.device, pack_weights: bool = True):
-        """The drafter of (cfg, dtype, device), made on first use and kept; ``pack_weights``
-        False: one that streams the weights as they are (``Tuning.pack_weights``: no packed
-        copies, none of their memory)."""
-        from .launch import Drafter, Tuning
+    def drafter(self, cfg, dtype: torch.dtype, device: torch.device, pack_weights: bool = True,
+                tuning=None):
+        """The drafter of (cfg, dtype, device, tuning), made on first use and kept; ``tuning``
+        (a :class:`~.tuning.Tuning`, default the measured one) with ``pack_weights`` False: one
+        that streams the weights as they are (no packed copies, none of their memory)."""
+        import dataclasses
+
+        from .launch import Drafter
+        from .tuning import Tuning
 
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # "cuda" and "cuda:0" share one drafter
-        key = (cfg, dtype, str(device), pack_weights)
+        tuning = dataclasses.replace(tuning or Tuning(), pack_weights=pack_weights)
+        key = (cfg, dtype, str(device), tuning)
         with self._lock:
             d = self._drafters.get(key)
             if d is None:
-                d = Drafter(cfg, dtype, device, None if pack_weights else Tuning(pack_weights=False))
+                d = Drafter(cfg, dtype, device, tuning)
                 self._drafters[key] = d
         return d
+
+    @staticmethod
+    def _tuning(value):
+        """The ``tuning`` option as a Tuning: None (the default), a Tuning, or ``"field=value"``
+        overrides separated by commas (``Tuning.overrides`` parses each as its field's type)."""
+        from .tuning import Tuning
+
+        if value is None or isinstance(value, Tuning):
+            return value
+        if not isinstance(value, str):
+            raise InputError(f"option tuning must be a Tuning or a 'field=value,...' string, got {type(value).__name__}")
+        try:
+            return Tuning(**Tuning.overrides([kv.strip() for kv in value.split(",") if kv.strip()]))
+        except ValueError as exc:
+            raise InputError(f"option tuning: {exc}") from None
 
     def generate(self, request) -> Frontier:
         return self.generate_batch([request])[0]
 
-    def _check(self, request) -> tuple[str, bool]:
-        """Refusals of this backend (clear errors); returns the launch mode and ``pack_weights``."""
+    def _check(self, request) -> tuple[str, bool, Any]:
+        """Refusals of this backend (clear errors); returns the launch mode, ``pack_weights`` and
+        the tuning (None: the default)."""
         from .launch import interpreting
 
         cfg = request.cfg
@@ -109,7 +131,7 @@ class TritonBackend(Backend):
             raise InputError(f"option pack_weights must be True or False, got {pack!r}")
         if request.options.get("pack", "kernel") not in ("kernel", "torch"):
             raise InputError(f"option pack must be 'kernel' or 'torch', got {request.options['pack']!r}")
-        return mode, pack
+        return mode, pack, self._tuning(request.options.get("tuning"))
 
     def generate_batch(self, requests) -> list[Frontier]:
         """Draft B sequences in one launch: every weight tile is streamed once for the tree rows
@@ -121,7 +143,7 @@ class TritonBackend(Backend):
         modes = {r.options.get("mode") for r in requests}
         if len(modes) != 1:
             raise InputError(f"all sequences of a batch must use one launch mode, got {sorted(map(str, modes))}")
-        mode, pack = self._check(requests[0])
+        mode, pack, tuning = self._check(requests[0])
         r0 = requests[0]
         cfg, w = r0.cfg, r0.weights
         seqs, caches = [], []
@@ -138,7 +160,7 @@ class TritonBackend(Backend):
         if len({id(c) for c in caches}) != len(caches):
             raise InputError("two sequences of a batch cannot share one draft cache")
 
-        d = self.drafter(cfg, w.dtype, r0.device, pack)
+        d = self.drafter(cfg, w.dtype, r0.device, pack, tuning)
         with d_lock(d):
             ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
             # The Frontiers are built while the GPU drafts (their ops queue behind the kernel),

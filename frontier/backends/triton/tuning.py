@@ -65,6 +65,23 @@ class Tuning:
     # memory; the backend's option pack_weights=False drafts without the copies.
     pack_weights: bool = True
 
+    # tile sizes that become tl.arange / tl.dot extents
+    _POW2 = ("BM", "bm_max", "wide_bm", "BLOCK_NA", "fused_block_n", "lm_stat_rows", "merge_chunk", "merge_group")
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None and str(f.type).startswith("Optional["):
+                continue
+            if "bool" in str(f.type):
+                if not isinstance(v, bool):
+                    raise ValueError(f"Tuning.{f.name} must be True or False, got {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Tuning.{f.name} must be a positive integer, got {v!r}")
+            if f.name in self._POW2 and v & (v - 1):
+                raise ValueError(f"Tuning.{f.name} must be a power of two, got {v}")
+
     @classmethod
     def overrides(cls, pairs) -> dict:
         """Field overrides from ``"field=value"`` strings, each value parsed as its field's type:
