@@ -95,11 +95,13 @@ class FakeEaModel(nn.Module):
         self.taps = sorted({2, n // 2, n - 3})
 
     def _forward(self, ids, cache, mask=None, position_ids=None):
+        from frontier.generation.target import cache_keyword, returned_cache
+
         out = self.base_model(
-            input_ids=ids, past_key_values=cache, attention_mask=mask, position_ids=position_ids,
-            use_cache=True, output_hidden_states=True,
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, output_hidden_states=True,
+            **{cache_keyword(self.base_model): cache},
         )
-        return out.logits, torch.cat([out.hidden_states[i] for i in self.taps], dim=-1), out.past_key_values
+        return out.logits, torch.cat([out.hidden_states[i] for i in self.taps], dim=-1), returned_cache(out)
 
     @torch.no_grad()
     def eagenerate(self, input_ids, max_new_tokens=32):
