@@ -1,4 +1,7 @@
-"""frontier_generate: input validation (with message checks) and every backend's output contract."""
+"""frontier_generate: input validation (with message checks) and every backend's output contract.
+
+One file because the contract's checks are parametrized over every registered backend with
+shared input builders; the validation tests are one per argument."""
 
 from __future__ import annotations
 

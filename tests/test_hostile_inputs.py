@@ -1,6 +1,7 @@
 """Hostile inputs: every bad value gets an error naming the argument and leaves every draft cache
-as it was (its length, its committed rows bit for bit); no value makes a kernel index out of bounds, hang, or read outside a
-checkpoint; exact score ties go to the lower index in every backend.
+as it was (its length, its committed rows bit for bit); no value makes a kernel index out of
+bounds, hang, or read outside a checkpoint; exact score ties go to the lower index in every
+backend. One file: the Hypothesis strategies at the top serve every class of bad input.
 
 The property tests draw configs, shapes, dtypes, values (NaN, +-Inf, extremes), token ids and
 cache states with Hypothesis. Profiles: ``ci`` (the default, small) and ``deep`` (on demand:

@@ -1,5 +1,8 @@
 """Loading EAGLE heads from local directories: round trips through the published layouts, every
-validation error's message, atomicity, ``frontier inspect`` and ``frontier demo --head``."""
+validation error's message, atomicity, ``frontier inspect`` and ``frontier demo --head``.
+
+One file because every test builds its checkpoint with the same writers at the top (published
+layouts, shards, broken variants)."""
 
 from __future__ import annotations
 

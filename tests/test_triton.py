@@ -3,6 +3,10 @@ sharing one cache, both architectures, with d2t, greedy and sampling.
 
 On CPU the kernels run under TRITON_INTERPRET=1 (set by conftest) on tiny heads, one launch per
 schedule entry; on a GPU the same device code also runs as one persistent launch.
+
+One file because its tests share the ragged-batch and drafting helpers at the top and the kernel
+probes at the bottom; each part follows the kernels' modules (streams, attention, lm_head and
+MERGE, selection, launch modes).
 """
 
 from __future__ import annotations
