@@ -9,6 +9,7 @@ from .api import DraftRequest, frontier_generate
 from .batch import BatchDraftCache, frontier_generate_batch
 from .cache import DraftCache
 from .config import FrontierConfig
+from .drafter import Drafter, DrafterBuffers, DrafterOutputs
 from .eagle_patch import patch_ea_model_with_triton_drafter, unpatch_ea_model
 from .errors import (
     BackendNotFoundError,
@@ -50,6 +51,9 @@ __all__ = [
     "FrontierConfig",
     "Frontier",
     "frontier_generate",
+    "Drafter",
+    "DrafterBuffers",
+    "DrafterOutputs",
     "frontier_generate_batch",
     "BatchDraftCache",
     "DraftRequest",

@@ -1332,15 +1332,14 @@ def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     loads) only when ``Drafter.vec16`` proves it: an aligned head and cache give 16 bytes' worth of
     elements, a cache view one element off, or a head_dim whose rows are not 16-byte multiples, give 1
     for the cache."""
-    from frontier.backends.triton.launch import Drafter, SeqCall
+    from frontier.backends.triton.launch import Drafter
     from frontier.cache import DraftCache
 
     el = torch.empty((), dtype=dtype).element_size()
 
     def vec(cfg, cache):
         w = random_weights(cfg, seed=0, dtype=dtype)
-        seq = SeqCall(features=None, ids_new=None, root=None, cache=cache, c=0, n=1)
-        return Drafter(cfg, dtype, torch.device("cpu")).vec16(w.layers[0], [seq])
+        return Drafter(cfg, dtype, torch.device("cpu")).vec16(w.layers[0], [cache.k, cache.v])
 
     cfg = random_config()  # head_dim 8
     fresh = DraftCache.fresh(cfg, context_length=8, dtype=dtype, device="cpu")

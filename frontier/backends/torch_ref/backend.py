@@ -19,3 +19,9 @@ class TorchRefBackend(Backend):
 
     def generate(self, request) -> Frontier:
         return draft_call(request)
+
+    def static_drafter(self, drafter):
+        """The draft step over a :class:`frontier.Drafter`'s buffers (fixed shapes, capturable)."""
+        from .static import StaticTorchRef
+
+        return StaticTorchRef(drafter)

@@ -87,21 +87,24 @@ def expand_depth(
     w: DraftWeights,
     i: int,
     rows: FrontierRows,
-    context_len: int,
+    context_len,
     scratch_k: list[torch.Tensor],
     scratch_v: list[torch.Tensor],
     cand: Candidates,
+    visible: Optional[torch.Tensor] = None,
 ) -> FrontierRows:
     """Depth i: the K frontier rows at position L + i; append K*K candidates; prune to K.
 
-    scratch_k/v: per layer [nkv, L + K*i, d] (context rows then earlier tree rows); extended in
-    place with this depth's K rows.
+    scratch_k/v: per layer [nkv, P + K*i, d] (the P context rows then earlier tree rows);
+    extended in place with this depth's K rows. context_len: L, an int (P = L, every context
+    row visible) or a 0-d device tensor with ``visible`` [P] bool marking the L real rows of a
+    fixed-size context (the static drafter).
     """
     k = cfg.top_k
     device = rows.hidden.device
     ancestors = torch.cat((rows.ancestors, torch.eye(k, dtype=torch.bool, device=device)), dim=1)  # [K, K*(i+1)]
-    mask = tree_attention_mask(ancestors, context_len)  # [K, L + K*(i+1)]
-    positions = torch.full((k,), context_len + i, dtype=torch.long, device=device)  # [K]
+    mask = tree_attention_mask(ancestors, context_len if visible is None else visible)  # [K, P + K*(i+1)]
+    positions = (context_len + i) * torch.ones(k, dtype=torch.long, device=device)  # [K]
     out = draft_forward(cfg, w, rows.tokens, rows.hidden, positions, scratch_k, scratch_v, mask)
     for layer in range(cfg.num_layers):
         scratch_k[layer] = torch.cat((scratch_k[layer], out.keys[layer]), dim=1)

@@ -101,13 +101,17 @@ def causal_mask(n: int, past: int, device: torch.device) -> torch.Tensor:
     return mask
 
 
-def tree_attention_mask(ancestors: torch.Tensor, context: int) -> torch.Tensor:
-    """[K, context + K*(i+1)] additive mask of depth i's rows.
+def tree_attention_mask(ancestors: torch.Tensor, context) -> torch.Tensor:
+    """[K, P + K*(i+1)] additive mask of depth i's rows.
 
     ancestors: [K, K*(i+1)] bool, row r's visible tree rows (its ancestors and itself) among the
-    tree rows of depths 0..i; every context row is visible.
+    tree rows of depths 0..i. context: the P context rows, all visible (an int), or a bool [P]
+    of which are (the static drafter's fixed-size cache, rows past each length hidden).
     """
     k = ancestors.shape[0]
+    if isinstance(context, torch.Tensor):
+        visible = torch.cat((context[None, :].expand(k, -1), ancestors), dim=1)  # [K, P + K*(i+1)]
+        return torch.zeros(visible.shape, dtype=torch.float32, device=ancestors.device).masked_fill_(~visible, MASKED)
     mask = torch.zeros(k, context + ancestors.shape[1], dtype=torch.float32, device=ancestors.device)
     mask[:, context:].masked_fill_(~ancestors, MASKED)
     return mask

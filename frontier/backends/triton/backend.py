@@ -99,6 +99,13 @@ class TritonBackend(Backend):
     def generate(self, request) -> Frontier:
         return self.generate_batch([request])[0]
 
+    def static_drafter(self, drafter, *, tuning=None, pack_weights: bool = True):
+        """The draft step over a :class:`frontier.Drafter`'s buffers: the step launches with the
+        metadata built on the device (options ``tuning``, ``pack_weights`` as for a call)."""
+        from .static import StaticTriton
+
+        return StaticTriton(drafter, tuning=tuning, pack_weights=pack_weights)
+
     def _check(self, request) -> tuple[str, bool, Any]:
         """Refusals of this backend (clear errors); returns the launch mode, ``pack_weights`` and
         the tuning (None: the default)."""

@@ -181,12 +181,6 @@ class Drafter(LaunchPlanner):
         nb = len(seqs)
         n_rows = sum(s.n for s in seqs)
         ws = self.workspace(nb, n_rows)
-        p = self.plan(nb)
-        self.schedule = self.schedules[p.wide, p.fused, p.sel]
-        self.schedule_list = self.schedule_codes[p.wide, p.fused, p.sel]
-        self.n_steps = len(self.schedule)
-        if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
-            ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
         longest = max(s.c + s.n for s in seqs)
         cos, sin = self.rope_tables(longest + cfg.depth + 1)
         meta, kv_base, n_rows = self.pack(seqs)
@@ -196,61 +190,10 @@ class Drafter(LaunchPlanner):
             self.outputs = self._graph_outputs(nb)
         elif fresh_outputs:
             self.alloc_outputs(nb)
-        lw = weights.layers[0]
-        eagle3 = cfg.architecture == "eagle3"
-        dummy = ws.sync  # stands in for absent optional tensors (never read)
-        has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
-        n_times = self.n_steps + 1 + (1 + 2 * self.n_steps) * self.grid * (int(timing) >= 2)
-        gate, up, lm_head = lw.gate_proj, lw.up_proj, weights.lm_head
-        if p.pack:
-            gate = self.packed("gate", gate, p.slabs["RP_GU"], p.const["BK_GU"])
-            up = self.packed("up", up, p.slabs["RP_GU"], p.const["BK_GU"])
-            lm_head = self.packed("lm_head", lm_head, p.slabs["RP_LM"], p.const["BK_LM"])
-        if timing and ws.times.numel() < n_times:
-            ws.times = torch.zeros(n_times, dtype=torch.int64, device=self.device)
-        if p.qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
-            nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-            ws.xh = torch.empty(ws.mr, cfg.hidden_size, dtype=self.dtype, device=self.device)
-            ws.qh = torch.empty(ws.mr, nt, dtype=torch.float32, device=self.device)
-        if p.wide and (ws.part is None or ws.part.numel() < p.part_elems * ws.mr):
-            ws.part = torch.empty(p.part_elems * ws.mr, dtype=torch.float32, device=self.device)
-        post_norm = lw.post_attention_layernorm  # stands in for the norms an architecture lacks
-        args = dict(
-            sched_ptr=self.schedule, n_steps=0, sync_ptr=ws.sync, time_ptr=ws.times,
-            # weights
-            emb_ptr=weights.embed_tokens, fcw_ptr=weights.fc_weight,
-            fcb_ptr=weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
-            wq_ptr=lw.q_proj, wk_ptr=lw.k_proj, wv_ptr=lw.v_proj, wo_ptr=lw.o_proj, wg_ptr=gate, wu_ptr=up,
-            wd_ptr=lw.down_proj,
-            ln_in_ptr=lw.input_layernorm if lw.input_layernorm is not None else post_norm, ln_post_ptr=post_norm,
-            ln_hid_ptr=weights.hidden_norm if weights.hidden_norm is not None else post_norm,
-            ln_f_ptr=weights.norm if weights.norm is not None else post_norm,
-            lm_ptr=lm_head, d2t_ptr=weights.d2t if has_d2t else dummy, cos_ptr=cos, sin_ptr=sin,
-            # inputs (packed over the batch) and the caches
-            meta_ptr=meta, row_seq_ptr=meta[nb * META_W:] if n_rows else meta, feat_ptr=ws.feat, ids_ptr=ws.ids,
-            root_ptr=ws.root, kv_ptr=kv_base,
-            # workspace
-            hcur_ptr=ws.hcur, hres_ptr=ws.hres, xin_ptr=ws.xin, qkv_ptr=ws.qkv, qr_ptr=ws.qr, ao_ptr=ws.ao,
-            h1_ptr=ws.h1, n2_ptr=ws.n2, act_ptr=ws.act, hout_ptr=ws.hout, nf_ptr=ws.nf,
-            xh_ptr=ws.xh if p.qh else dummy, qh_ptr=ws.qh if p.qh else dummy,
-            tk_ptr=ws.tk, tv_ptr=ws.tv, apm_ptr=ws.apm, apl_ptr=ws.apl, aacc_ptr=ws.aacc, lmk_ptr=ws.lmk,
-            lmmax_ptr=ws.lmmax, lmsum_ptr=ws.lmsum, lml_ptr=ws.lml if p.wide else dummy,
-            part_ptr=ws.part if p.wide else dummy, sel_lp_ptr=ws.sel_lp, sel_tok_ptr=ws.sel_tok,
-            fr_score_ptr=ws.fr_score, fr_tok_ptr=ws.fr_tok, fr_src_ptr=ws.fr_src, fr_pick_ptr=ws.fr_pick,
-            anc_ptr=ws.anc, cand_score_ptr=ws.cand_score, cand_tok_ptr=ws.cand_tok, row_par_ptr=ws.row_par,
-            cnt_ptr=ws.cnt, pf_ptr=ws.pf,
-            **{f"{name}_ptr": t for name, t in zip(self._OUT, self.outputs)},
-            # sizes
-            B=nb, H=cfg.hidden_size, F=cfg.feature_size, I=cfg.intermediate_size, V=cfg.vocab_size,
-            Vt=cfg.target_vocab_size, NH=cfg.num_attention_heads, NKV=cfg.num_key_value_heads, HD=cfg.head_dim,
-            K=cfg.top_k, C=ws.C, T=cfg.total_token, D=cfg.depth, SK=ws.sk, MR=ws.mr, PFW=ws.pfw,
-            eps=float(cfg.rms_norm_eps), sqrt_d=float(math.sqrt(cfg.head_dim)),
-            **p.slabs,
-        )
-        vec = self.vec16(lw, seqs)
-        tb = self.tuning.tree_blocks
-        const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
-                     HAS_FCB=weights.fc_bias is not None, TREE_BLOCKS=mode != "persistent" if tb is None else tb)
+        kv = [t for s in seqs for t in (s.cache.k, s.cache.v)]
+        args, const = self.kernel_args(
+            weights, nb, meta=meta, row_seq=meta[nb * META_W:] if n_rows else meta, kv_base=kv_base, kv=kv,
+            rope=(cos, sin), outputs=self.outputs, tree_blocks=mode != "persistent", timing=timing)
         if mode == "persistent":
             args["n_steps"] = self.n_steps
             const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=int(timing), launch_cooperative_grid=True)
@@ -284,6 +227,92 @@ class Drafter(LaunchPlanner):
                 dst.copy_(src)
             self.outputs = fresh
         return ws
+
+    def run_static(self, weights, nb: int, *, meta: torch.Tensor, row_seq: torch.Tensor, kv_base: torch.Tensor,
+                   kv: list, outputs: tuple, step_hook=None) -> None:
+        """The step launches of one call whose inputs are already staged on the device: the
+        workspace's ``feat``/``ids``/``root``, the per-sequence metadata ``meta`` [nb, META_W]
+        and ``row_seq`` [rows] (every per-row launch covers the workspace's whole row capacity;
+        rows past the metadata's N exit). Reads nothing from the host and allocates nothing once
+        a first call at this ``nb`` has run, so it can be captured in a CUDA graph
+        (:class:`frontier.Drafter`). The rotary tables must already cover every position
+        (``rope_tables``)."""
+        ws = self.ws
+        args, const = self.kernel_args(weights, nb, meta=meta, row_seq=row_seq, kv_base=kv_base, kv=kv,
+                                       rope=(self.cos, self.sin), outputs=outputs, tree_blocks=True)
+        self._launch_steps(args, const, (nb, ws.rows), step_hook)
+
+    def kernel_args(self, weights, nb: int, *, meta, row_seq, kv_base, kv: list, rope: tuple, outputs: tuple,
+                    tree_blocks: bool, timing: int = 0) -> tuple[dict, dict]:
+        """The kernel's run-time arguments and compile-time constants for a launch of ``nb``
+        sequences (the schedule variant is chosen here too). ``kv``: every sequence's K and V
+        storage (their alignment picks VEC_KV); ``outputs``: the seven output tensors, in
+        ``_OUT`` order. Buffers a plan needs (split-K scratch, lm_head logits, the QKV-ahead
+        rows, packed weight copies) are allocated on first use."""
+        cfg, ws = self.cfg, self.ws
+        p = self.plan(nb)
+        self.schedule = self.schedules[p.wide, p.fused, p.sel]
+        self.schedule_list = self.schedule_codes[p.wide, p.fused, p.sel]
+        self.n_steps = len(self.schedule)
+        if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
+            ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
+        lw = weights.layers[0]
+        eagle3 = cfg.architecture == "eagle3"
+        dummy = ws.sync  # stands in for absent optional tensors (never read)
+        has_d2t = bool(eagle3 and weights.d2t is not None and cfg.vocab_size != cfg.target_vocab_size)
+        n_times = self.n_steps + 1 + (1 + 2 * self.n_steps) * self.grid * (int(timing) >= 2)
+        gate, up, lm_head = lw.gate_proj, lw.up_proj, weights.lm_head
+        if p.pack:
+            gate = self.packed("gate", gate, p.slabs["RP_GU"], p.const["BK_GU"])
+            up = self.packed("up", up, p.slabs["RP_GU"], p.const["BK_GU"])
+            lm_head = self.packed("lm_head", lm_head, p.slabs["RP_LM"], p.const["BK_LM"])
+        if timing and ws.times.numel() < n_times:
+            ws.times = torch.zeros(n_times, dtype=torch.int64, device=self.device)
+        if p.qh and (ws.qh is None or ws.qh.shape[0] < ws.mr):
+            nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+            ws.xh = torch.empty(ws.mr, cfg.hidden_size, dtype=self.dtype, device=self.device)
+            ws.qh = torch.empty(ws.mr, nt, dtype=torch.float32, device=self.device)
+        if p.wide and (ws.part is None or ws.part.numel() < p.part_elems * ws.mr):
+            ws.part = torch.empty(p.part_elems * ws.mr, dtype=torch.float32, device=self.device)
+        post_norm = lw.post_attention_layernorm  # stands in for the norms an architecture lacks
+        cos, sin = rope
+        args = dict(
+            sched_ptr=self.schedule, n_steps=0, sync_ptr=ws.sync, time_ptr=ws.times,
+            # weights
+            emb_ptr=weights.embed_tokens, fcw_ptr=weights.fc_weight,
+            fcb_ptr=weights.fc_bias if weights.fc_bias is not None else weights.fc_weight,
+            wq_ptr=lw.q_proj, wk_ptr=lw.k_proj, wv_ptr=lw.v_proj, wo_ptr=lw.o_proj, wg_ptr=gate, wu_ptr=up,
+            wd_ptr=lw.down_proj,
+            ln_in_ptr=lw.input_layernorm if lw.input_layernorm is not None else post_norm, ln_post_ptr=post_norm,
+            ln_hid_ptr=weights.hidden_norm if weights.hidden_norm is not None else post_norm,
+            ln_f_ptr=weights.norm if weights.norm is not None else post_norm,
+            lm_ptr=lm_head, d2t_ptr=weights.d2t if has_d2t else dummy, cos_ptr=cos, sin_ptr=sin,
+            # inputs (packed over the batch) and the caches
+            meta_ptr=meta, row_seq_ptr=row_seq, feat_ptr=ws.feat, ids_ptr=ws.ids,
+            root_ptr=ws.root, kv_ptr=kv_base,
+            # workspace
+            hcur_ptr=ws.hcur, hres_ptr=ws.hres, xin_ptr=ws.xin, qkv_ptr=ws.qkv, qr_ptr=ws.qr, ao_ptr=ws.ao,
+            h1_ptr=ws.h1, n2_ptr=ws.n2, act_ptr=ws.act, hout_ptr=ws.hout, nf_ptr=ws.nf,
+            xh_ptr=ws.xh if p.qh else dummy, qh_ptr=ws.qh if p.qh else dummy,
+            tk_ptr=ws.tk, tv_ptr=ws.tv, apm_ptr=ws.apm, apl_ptr=ws.apl, aacc_ptr=ws.aacc, lmk_ptr=ws.lmk,
+            lmmax_ptr=ws.lmmax, lmsum_ptr=ws.lmsum, lml_ptr=ws.lml if p.wide else dummy,
+            part_ptr=ws.part if p.wide else dummy, sel_lp_ptr=ws.sel_lp, sel_tok_ptr=ws.sel_tok,
+            fr_score_ptr=ws.fr_score, fr_tok_ptr=ws.fr_tok, fr_src_ptr=ws.fr_src, fr_pick_ptr=ws.fr_pick,
+            anc_ptr=ws.anc, cand_score_ptr=ws.cand_score, cand_tok_ptr=ws.cand_tok, row_par_ptr=ws.row_par,
+            cnt_ptr=ws.cnt, pf_ptr=ws.pf,
+            **{f"{name}_ptr": t for name, t in zip(self._OUT, outputs)},
+            # sizes
+            B=nb, H=cfg.hidden_size, F=cfg.feature_size, I=cfg.intermediate_size, V=cfg.vocab_size,
+            Vt=cfg.target_vocab_size, NH=cfg.num_attention_heads, NKV=cfg.num_key_value_heads, HD=cfg.head_dim,
+            K=cfg.top_k, C=ws.C, T=cfg.total_token, D=cfg.depth, SK=ws.sk, MR=ws.mr, PFW=ws.pfw,
+            eps=float(cfg.rms_norm_eps), sqrt_d=float(math.sqrt(cfg.head_dim)),
+            **p.slabs,
+        )
+        vec = self.vec16(lw, kv)
+        tb = self.tuning.tree_blocks
+        const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
+                     HAS_FCB=weights.fc_bias is not None, TREE_BLOCKS=tree_blocks if tb is None else tb)
+        return args, const
 
     def graphable(self, timing: bool = False) -> bool:
         """Whether persistent launches go through CUDA graphs: on a CUDA device, without in-kernel
@@ -335,7 +364,7 @@ class Drafter(LaunchPlanner):
         while len(table) > self.max_graphs:
             table.pop(next(iter(table)))
 
-    def vec16(self, lw, seqs: list[SeqCall]) -> dict:
+    def vec16(self, lw, kv: list) -> dict:
         """The kernel's VEC_W / VEC_KV: elements per 16 bytes when the QKV weight rows / every
         cache's K/V rows and offsets are proven 16-byte aligned (the kernel then declares those
         loads aligned: vector loads in the cp.async pipeline instead of 2-byte scalars), else 1.
@@ -348,7 +377,7 @@ class Drafter(LaunchPlanner):
 
         w_ok = aligned([lw.q_proj, lw.k_proj, lw.v_proj])
         # the caches' layer 0 ([kv heads, max_length, head_dim]: the storage without its layer stride)
-        kv_ok = aligned([t for s in seqs for t in (s.cache.k, s.cache.v)], skip=1)
+        kv_ok = aligned(kv, skip=1)
         return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x row capacity x buffers)
@@ -492,9 +521,6 @@ class Drafter(LaunchPlanner):
                 "triton drafter: a grid barrier timed out (programs not co-resident, or a kernel bug); "
                 "the draft cache was left unchanged"
             )
-
-
-__all__ = ["Drafter", "SeqCall", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]
 
 
 __all__ = ["Drafter", "SeqCall", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]
