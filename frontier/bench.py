@@ -23,6 +23,13 @@ cached K/V rows every forward attends over; they grow with B x context and are r
 (``kv_mb``: at B=64, context 512 on the 8B head they add about a sixth to the weight bytes) — at
 large B the call also stops being bandwidth-bound (B x top_k rows per matmul). Each batch row
 also reports ms per sequence (ms / B) and its ms per call over the batch-1 row's (``x b1``).
+
+Variants. ``<backend>`` is the whole ``frontier_generate`` call as a user makes it (validation,
+launch, the Frontier's assembly). ``triton launch`` is the triton drafter's launch (graph replay)
+with its host work but no validation; ``triton kernel`` its device work alone. ``<backend>
+captured`` is a :class:`frontier.Drafter`'s whole step (device-side staging, the draft, the
+validity flags) replayed as one CUDA graph, timed like a call (host included), and ``triton
+captured kernel`` the same replay's device time.
 """
 
 from __future__ import annotations
@@ -346,7 +353,7 @@ class BatchCallSetup:
 
 
 def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.dtype, bandwidth: float,
-             reps: int = 50, kernel_only: bool = True, persistent: bool = False) -> BenchRow:
+             reps: int = 50, kernel_only: bool = True, persistent: bool = False, captured: bool = True) -> BenchRow:
     make = CallSetup if case.batch == 1 else BatchCallSetup  # batch 1 stays the single-sequence call
     setup = make(case, device=device, dtype=dtype)
     fb = floor_bytes(setup.cfg, setup.weights)
@@ -366,6 +373,13 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
             if kernel_only:
                 row.results["triton persistent kernel"] = time_calls(
                     lambda: triton_kernel_only(setup, "persistent"), reps=r, device_only=True)
+        if captured and name in ("triton", "torch_ref"):  # the Drafter's whole step as one graph replay
+            drafter = static_drafter(setup, name)
+            row.results[f"{name} captured"] = time_calls(lambda: drafter.replay(commit=False), warmup=warmup, reps=r)
+            if name == "triton" and kernel_only:
+                row.results["triton captured kernel"] = time_calls(lambda: drafter.replay(commit=False), reps=r,
+                                                                   device_only=True)
+            del drafter
         if name == "triton":
             from .registry import get_backend
 
@@ -373,6 +387,26 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     del setup
     torch.cuda.empty_cache()
     return row
+
+
+def static_drafter(setup, backend: str):
+    """A :class:`frontier.Drafter` holding the setup's sequences: each slot's cache rows copied
+    from the setup's cache, the timed call's new rows staged. Timed as ``replay(commit=False)``,
+    so every replay drafts the same rows from the same cache."""
+    from .drafter import Drafter
+
+    if isinstance(setup, BatchCallSetup):
+        caches, prefill, ids, feats = list(setup.cache), setup.prefill, setup.ids, setup.features
+    else:
+        caches, prefill, ids, feats = [setup.cache], [setup.c], [setup.ids], [setup.features]
+    d = Drafter(setup.cfg, setup.weights, backend=backend, max_batch=len(caches), max_context=max(
+        c + f.shape[1] for c, f in zip(prefill, feats)), max_new_rows=setup.case.new_rows)
+    for b, (cache, c) in enumerate(zip(caches, prefill)):
+        d.buffers.k[b, :, :, :c].copy_(cache.k[:, :, :c])
+        d.buffers.v[b, :, :, :c].copy_(cache.v[:, :, :c])
+        d.buffers.lengths[b] = c
+        d.stage(b, feats[b], ids[b][0, 1 + c:])
+    return d
 
 
 def triton_kernel_only(setup, mode: str = "graph") -> None:
@@ -505,7 +539,7 @@ def check_batches(batches: Any) -> list[int]:
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
               breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None,
-              ragged: bool = False, persistent: bool = False) -> str:
+              ragged: bool = False, persistent: bool = False, captured: bool = True) -> str:
     """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head; each
     preset and depth is timed at every batch size of ``batches`` (default [1]); ``ragged``
     spreads the contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
@@ -525,7 +559,7 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
                                  batch=batch, ragged=ragged)
                 rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps,
-                                     persistent=persistent))
+                                     persistent=persistent, captured=captured))
             if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
                 case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
                 breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)

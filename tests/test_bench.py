@@ -314,7 +314,7 @@ def test_run_case_wiring_on_cpu(monkeypatch):
 
     case = tiny_case(batch=4, context=14, new_rows=3, ragged=True, seed=2)
     row = bench.run_case(case, backends=["torch_ref", "stub"], device="cpu", dtype=torch.float32,
-                         bandwidth=1e12, reps=40)
+                         bandwidth=1e12, reps=40, captured=False)
     assert [t[:2] for t in timed] == [(2, 3), (5, 40)]
     assert isinstance(timed[0][2], list) and len(timed[0][2]) == 4  # a batch call: one Frontier per sequence
     assert row.batch == 4 and row.ragged and row.contexts == case.contexts()
@@ -325,7 +325,8 @@ def test_run_case_wiring_on_cpu(monkeypatch):
 
     timed.clear()
     one = BenchCase(**{**case.__dict__, "batch": 1, "ragged": False})
-    row1 = bench.run_case(one, backends=["torch_ref"], device="cpu", dtype=torch.float32, bandwidth=1e12, reps=40)
+    row1 = bench.run_case(one, backends=["torch_ref"], device="cpu", dtype=torch.float32, bandwidth=1e12, reps=40,
+                          captured=False)
     assert [t[:2] for t in timed] == [(5, 10)]
     assert isinstance(timed[0][2], frontier.Frontier)  # batch 1 stays the single-sequence call
     assert row1.floor_ms == row.floor_ms and not row1.ragged
@@ -346,6 +347,8 @@ def test_cli_persistent_flag_reaches_run_bench(monkeypatch, capsys):
     assert main(["bench", "--persistent", "--batch", "1,16", "--depth", "7", "--backend", "triton"]) == 0
     assert seen["persistent"] is True and seen["batches"] == [1, 16] and seen["depths"] == [7]
     assert seen["backends"] == ["triton"] and "table" in capsys.readouterr().out
+    assert seen["captured"] is True  # the captured rows by default
+    assert main(["bench", "--depth", "7", "--no-captured"]) == 0 and seen["captured"] is False
     assert main(["bench", "--depth", "7"]) == 0 and seen["persistent"] is False
     assert seen["backends"] == ["triton", "torch_ref"] and seen["dtype"] is torch.bfloat16
     # --backends: the old spelling of the same list, still taken
@@ -402,12 +405,12 @@ def test_run_case_times_the_persistent_mode_only_when_asked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
-                         kernel_only=False, persistent=True)
+                         kernel_only=False, persistent=True, captured=False)
     assert calls == [("triton", None), ("triton", "persistent")]
     assert set(row.results) == {"triton", "triton persistent"}
     calls.clear()
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
-                         kernel_only=False)
+                         kernel_only=False, captured=False)
     assert calls == [("triton", None)] and set(row.results) == {"triton"}
 
 
@@ -437,17 +440,83 @@ def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch
     monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="graph": f"launch {mode}")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12)
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
+                         captured=False)
     assert timed == [("triton", False), ("launch graph", False), ("launch graph", True)]
     assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0}
     # with persistent=True also the one-launch mode, whole call and device time alone
     timed.clear()
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
-                         persistent=True)
+                         persistent=True, captured=False)
     assert timed == [("triton", False), ("launch graph", False), ("launch graph", True), ("triton", False),
                      ("launch persistent", True)]
     assert row.results == {"triton": 3.0, "triton launch": 3.0, "triton kernel": 2.0, "triton persistent": 3.0,
                            "triton persistent kernel": 2.0}
+
+
+def test_captured_rows_time_the_drafters_replay(monkeypatch):
+    """captured=True (the default) adds '<backend> captured' for triton and torch_ref (a Drafter's
+    whole step replayed, host included) and, with kernel_only, 'triton captured kernel' (the same
+    replay's device time alone)."""
+    import frontier.bench as bench
+
+    case = tiny_case(batch=1, context=8, new_rows=2)
+    timed = []
+
+    class FakeSetup:
+        def __init__(self, case, **kw):
+            self.cfg, self.weights = case.config(), case.head.weights
+
+        def call(self, backend, **options):
+            return backend
+
+    class FakeDrafter:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def replay(self, commit=True):
+            assert commit is False  # every replay drafts the same rows from the same cache
+            return f"replay {self.backend}"
+
+    def fake_time_calls(fn, *, warmup=5, reps=50, device_only=False):
+        timed.append((fn(), device_only))
+        return 2.0 if device_only else 3.0
+
+    monkeypatch.setattr(bench, "CallSetup", FakeSetup)
+    monkeypatch.setattr(bench, "time_calls", fake_time_calls)
+    monkeypatch.setattr(bench, "static_drafter", lambda setup, backend: FakeDrafter(backend))
+    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="graph": f"launch {mode}")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    row = bench.run_case(case, backends=["torch_ref", "stub"], device="cpu", dtype=torch.float32, bandwidth=1e12)
+    assert timed == [("torch_ref", False), ("replay torch_ref", False), ("stub", False)]
+    assert set(row.results) == {"torch_ref", "torch_ref captured", "stub"}
+    timed.clear()
+    row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12)
+    assert timed == [("triton", False), ("launch graph", False), ("launch graph", True), ("replay triton", False),
+                     ("replay triton", True)]
+    assert set(row.results) == {"triton", "triton launch", "triton kernel", "triton captured",
+                                "triton captured kernel"}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_static_drafter_holds_the_setups_call(batch):
+    """The captured rows time the same work as the call rows: a Drafter whose slots hold the
+    setup's caches and staged rows drafts the trees the setup's call drafts."""
+    import frontier.bench as bench
+
+    case = tiny_case(batch=batch, context=12, new_rows=3, ragged=batch > 1, seed=4)
+    make = bench.CallSetup if batch == 1 else bench.BatchCallSetup
+    setup = make(case, device="cpu", dtype=torch.float32)
+    d = bench.static_drafter(setup, "torch_ref")
+    for _ in range(2):  # replays leave the lengths: the same tree every time
+        d.replay(commit=False)
+    refs = setup.call("torch_ref")
+    refs = refs if isinstance(refs, list) else [refs]
+    assert len(refs) == batch and d.buffers.lengths.tolist() == [c.length - case.new_rows for c in
+                                                                 (r.cache for r in refs)]
+    for b, ref in enumerate(refs):
+        assert d.frontier(b).same_tree(ref)
 
 
 def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():

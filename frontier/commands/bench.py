@@ -36,6 +36,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--new-rows", type=positive_int, default=4, help="new context rows per call (default 4)")
     p.add_argument("--persistent", action="store_true",
                    help="also time triton's mode='persistent' (the whole schedule in one cooperative launch)")
+    p.add_argument("--no-captured", dest="captured", action="store_false",
+                   help="skip the captured rows (a frontier.Drafter's whole step replayed as one CUDA graph, "
+                   "for triton and torch_ref)")
     p.add_argument("--breakdown", action="store_true", help="also print the per-phase breakdown of the triton kernel")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.add_argument("--json-out", type=str, default=None, metavar="PATH", help="also write the results as JSON to PATH")
@@ -97,7 +100,8 @@ def run(args) -> int:
     try:
         text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
                          json_path=json_path, batches=batches, breakdown=args.breakdown, context=args.context,
-                         new_rows=args.new_rows, head=head, ragged=args.ragged, persistent=args.persistent)
+                         new_rows=args.new_rows, head=head, ragged=args.ragged, persistent=args.persistent,
+                         captured=args.captured)
         if args.json:
             with open(json_path) as fh:
                 text = fh.read().rstrip("\n")
