@@ -82,6 +82,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .errors import FrontierError
 
     prog = f"frontier {args.command}"
+    args.cli_argv = list(argv) if argv is not None else sys.argv[1:]  # generate --tp N relaunches it
     try:
         return int(args.func(args) or 0)
     except FrontierError as exc:

@@ -2,6 +2,11 @@
 
     frontier generate --random-tiny --backend torch_ref --max-new-tokens 64
     frontier generate --target ./llama-3.1-8b-instruct --head ./eagle3-head --prompt "Hello" --dtype bf16 --device cuda
+    frontier generate --target ./llama-3.1-70b-instruct --head ./eagle3-head --prompt "Hello" --tp 4
+
+``--tp N`` relaunches the command through ``torch.distributed.run`` with N processes (one GPU each
+on CUDA, gloo on the CPU); the target is sharded by transformers' TP plan, the draft head is whole
+on every rank, and rank 0 prints.
 
 Prints the generated text (or tokens) and the stats table. ``--compare`` also runs
 ``target.generate`` (greedy) and reports whether the outputs are identical and its tokens/s.
@@ -11,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,6 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run_g.add_argument("--device", type=device_arg, default=None, help="cpu | cuda (default: cuda when available)")
     run_g.add_argument("--dtype", type=dtype_name, default=None,
                        help="bf16, fp16 or fp32 (also bfloat16, float16, float32); default fp32 on cpu, bf16 on cuda")
+    run_g.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                       help="shard the target over N processes with transformers' tensor parallelism, launched "
+                       "through torch.distributed.run (one GPU each on CUDA, gloo on the CPU); rank 0 prints")
     run_g.add_argument("--compare", action="store_true", help="also run target.generate (greedy) and compare")
     run_g.add_argument("--warmup", action="store_true", help="run once untimed first (kernel compilation, caches)")
     run_g.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -134,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..errors import InputError
-    from ..generation import SpeculativeGenerator, random_pair
 
     preset = "tiny" if args.random_tiny else args.random
     if preset and (args.target or args.head):
@@ -143,9 +152,28 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give --target DIR and --head DIR (local checkpoints), or --random-tiny for a self-contained run")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    tokenizer = None
+    if args.tp == 1:
+        return _generate(args, preset, device, dtype)
+    if os.environ.get(TP_WORKER) != "1":
+        return _launch_tp(args, preset, device)
+    device = _join_tp(device)
+    try:
+        return _generate(args, preset, device, dtype)
+    finally:
+        _leave_tp()
 
-    if preset:
+
+def _generate(args: argparse.Namespace, preset, device, dtype) -> int:
+    """Load the models, generate, print the report (on every rank of a --tp run; rank 0 prints)."""
+    import torch
+
+    from ..errors import InputError
+    from ..generation import SpeculativeGenerator, random_pair
+
+    tokenizer = None
+    if args.tp > 1:
+        target, cfg, weights, source = _tp_models(args, preset, device, dtype)
+    elif preset:
         tree = dict(total_token=_default(args.total_tokens, 16), depth=_default(args.depth, 4),
                     top_k=_default(args.tree_top_k, 4))
         target, cfg, weights = random_pair(preset, seed=args.seed, dtype=dtype, device=device, **tree)
@@ -165,10 +193,10 @@ def run(args: argparse.Namespace) -> int:
                           top_k=_default(args.tree_top_k, 10))
         weights = head.weights
         source = f"{args.target} + {args.head}"
-        if args.prompt is not None:
-            from transformers import AutoTokenizer
+    if not preset and args.prompt is not None:
+        from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
 
     if args.batch is not None and (args.batch < 1 or not preset or args.input_ids is not None or args.prompt):
         raise InputError("--batch N (N >= 1) makes N random prompts for --random-tiny/--random; with your own "
@@ -216,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_batch(args, gen, target, prompts, kwargs, source, tokenizer, device)
     if args.warmup:
         gen.generate(prompt, **{**kwargs, "max_new_tokens": min(8, args.max_new_tokens)})
-    show = not args.no_progress and not args.json and sys.stderr.isatty()
+    show = not args.no_progress and not args.json and sys.stderr.isatty() and _rank() == 0
     progress = Progress(args.max_new_tokens, show)
     try:
         out = gen.generate(prompt, callback=progress, **kwargs)
@@ -334,3 +362,131 @@ def _run_batch(args, gen, target, prompts, kwargs, source, tokenizer, device) ->
             f"{c['identical_per_sequence']}  {c['target_generate_tokens_per_s']:.1f} tok/s  speedup x{c['speedup']:.2f}"
         )
     return 0 if ok else 1
+
+
+# -- --tp N: a tensor-parallel target over N processes ---------------------------------------------
+TP_WORKER = "FRONTIER_TP_WORKER"  # set in the processes that torch.distributed.run starts
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0")) if os.environ.get(TP_WORKER) == "1" else 0
+
+
+def _target_heads(args: argparse.Namespace, preset) -> object:
+    """The target's head counts (attention, key/value), read without loading it."""
+    from types import SimpleNamespace
+
+    from ..errors import InputError
+    from ..generation import RANDOM_PRESETS
+
+    if preset:
+        if preset not in RANDOM_PRESETS:
+            raise InputError(f"unknown random preset {preset!r}; choose one of {sorted(RANDOM_PRESETS)}")
+        p = RANDOM_PRESETS[preset]
+        return SimpleNamespace(num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"])
+    _check_model_dir(args.target, "--target")
+    _check_model_dir(args.head, "--head")
+    cfg = json.loads((Path(args.target) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg.get("num_attention_heads")
+    if heads is None:
+        raise InputError(f"--target {args.target!r}: its config.json has no num_attention_heads")
+    return SimpleNamespace(num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads)
+
+
+def _launch_tp(args: argparse.Namespace, preset, device) -> int:
+    """Check --tp N, then rerun this command line under torch.distributed.run with N processes."""
+    import torch
+
+    from ..errors import InputError
+    from ..generation.distributed import check_tp_size
+
+    n = args.tp
+    argv = getattr(args, "cli_argv", None)
+    if argv is None:
+        raise InputError("--tp N relaunches the command line; run it through frontier.cli.main or the frontier command")
+    if device.type == "cuda" and n > torch.cuda.device_count():
+        raise InputError(f"--tp {n} needs {n} CUDA devices, this machine has {torch.cuda.device_count()}")
+    if device.type == "cuda" and device.index is not None:
+        raise InputError(f"--tp {n} gives each process its own GPU; pass --device cuda, not {device}")
+    if device.type not in ("cuda", "cpu"):
+        raise InputError(f"--tp runs on cuda (NCCL) or cpu (gloo), not on {device.type}")
+    check_tp_size(_target_heads(args, preset), n, where="--target" if not preset else f"the random {preset} target")
+    env = dict(os.environ, **{TP_WORKER: "1"})
+    if device.type == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "-m", "frontier.cli", *argv]
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _join_tp(device):
+    """In a process of a --tp run: bind its device (cuda:LOCAL_RANK), join the process group, and
+    silence stdout on every rank but 0. Returns the rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    if dist.get_rank() != 0:
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+def _leave_tp() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _tp_models(args: argparse.Namespace, preset, device, dtype):
+    """(target sharded over the ranks, cfg, head weights on this rank's device, source line).
+
+    Random models: rank 0 builds the pair and saves it to a temporary directory that every rank
+    then loads from, the target with its TP plan (transformers shards a checkpoint as it loads it)."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    from ..generation import random_pair
+    from ..generation.distributed import load_tp_target
+    from ..loading import load_draft_head, save_draft_head
+
+    tmp = None
+    if preset:
+        box = [tempfile.mkdtemp(prefix="frontier-tp-") if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        tmp = box[0]
+        target_dir, head_dir = os.path.join(tmp, "target"), os.path.join(tmp, "head")
+        if dist.get_rank() == 0:
+            tree = dict(total_token=_default(args.total_tokens, 16), depth=_default(args.depth, 4),
+                        top_k=_default(args.tree_top_k, 4))
+            full, cfg, w = random_pair(preset, seed=args.seed, dtype=dtype, device=device, **tree)
+            full.save_pretrained(target_dir)
+            save_draft_head(w, cfg, head_dir, include_embedding=True, overwrite=True)
+            del full, w
+        dist.barrier()
+        total, depth, top_k = _default(args.total_tokens, 16), _default(args.depth, 4), _default(args.tree_top_k, 4)
+    else:
+        target_dir, head_dir = args.target, args.head
+        total, depth, top_k = _default(args.total_tokens, 60), _default(args.depth, 5), _default(args.tree_top_k, 10)
+    try:
+        target = load_tp_target(target_dir, dtype=dtype)
+        head = load_draft_head(head_dir, target=target_dir, dtype=dtype, device=device)
+    finally:
+        if tmp is not None:
+            dist.barrier()
+            if dist.get_rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+    cfg = head.config(total_token=total, depth=depth, top_k=top_k)
+    what = f"random {preset} Llama target" if preset else args.target
+    c = target.config
+    source = (f"{what} ({c.num_hidden_layers} layers, hidden {c.hidden_size}) over {dist.get_world_size()} "
+              f"tensor-parallel ranks + {'random EAGLE-3 head' if preset else args.head}")
+    return target, cfg, head.weights, source

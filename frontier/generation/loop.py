@@ -31,6 +31,7 @@ from ..request import check_options
 from ..weights import DraftWeights
 from .acceptance import SamplingParams, greedy_accept, greedy_accept_batch, sampling_accept, warp_logits
 from .arguments import GenerationArgs, check_draft_options, check_head_matches_target, generation_args
+from .distributed import check_tp_device, read_agreed, shared_seed, tp_group
 from .stats import BatchGenerationResult, BatchGenerationStats, GenerationResult, GenerationStats
 from .target import (
     TargetRunner, check_cache_length, compact_cache, compact_cache_batch, select_cache_rows,
@@ -85,6 +86,8 @@ class SpeculativeGenerator:
         check_options(impl, backend, self.draft_options)  # a misspelled option fails here, not mid-generation
         self.runner = TargetRunner(target, cfg.architecture)
         check_head_matches_target(cfg, weights, self.runner)
+        self.tp_group = tp_group(target)  # None unless the target is tensor-parallel
+        check_tp_device(self.tp_group, self.runner.device)
         self.feature_dtype = weights.dtype if weights is not None else self.runner.dtype
         self.width = min(cfg.total_token, cfg.depth + 2)  # longest accepted path: root + depth + 1
 
@@ -122,7 +125,13 @@ class SpeculativeGenerator:
         generation returns for it. ``max_new_tokens`` may then be a list (one per prompt);
         sampling takes ``seed`` (prompt b uses ``seed + b``) or ``generator``, a list of one
         torch.Generator per prompt; ``callback(list of [1, n_b] new tokens, batch stats)``.
+
+        A tensor-parallel target: call it on every rank with the same arguments; every rank returns
+        the same result. Sampling without ``seed``/``generator`` draws one seed on rank 0 for all.
         """
+        sampling = isinstance(temperature, (int, float)) and temperature > 0
+        if self.tp_group is not None and sampling and seed is None and generator is None:
+            seed = shared_seed(self.tp_group, self.runner.device)
         args = generation_args(
             self.runner, input_ids, attention_mask, max_new_tokens=max_new_tokens, max_length=max_length,
             temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
@@ -188,7 +197,8 @@ class SpeculativeGenerator:
                 padded_tokens = torch.cat([tokens[0], tokens.new_full((1,), -1)])  # [T + 1], T -> -1
                 invalid = fr.invalid.to(device=device, dtype=torch.long).reshape(1)  # [1]
                 ((acc, next_tok, path_tokens),) = _read_step(
-                    invalid, tpos[best][None], nxt[None], padded_tokens[path][None], stats.draft_calls
+                    invalid, tpos[best][None], nxt[None], padded_tokens[path][None], stats.draft_calls,
+                    self.tp_group,
                 )
                 t2 = time.perf_counter()
                 stats.time_verify += t2 - t1
@@ -290,7 +300,7 @@ class SpeculativeGenerator:
                 invalid = torch.stack([fr.invalid.to(device=device, dtype=torch.long) for fr in frs])  # [A]
                 steps = _read_step(
                     invalid, tpos.gather(1, best[:, None])[:, 0], nxt, padded_tokens.gather(1, paths),
-                    bstats.draft_calls,
+                    bstats.draft_calls, self.tp_group,
                 )
                 t2 = time.perf_counter()
                 bstats.time_verify += t2 - t1
@@ -408,13 +418,15 @@ def _pad_trees(frs: list, device: torch.device) -> tuple[torch.Tensor, torch.Ten
 
 
 def _read_step(
-    invalid: torch.Tensor, depth: torch.Tensor, nxt: torch.Tensor, path_tokens: torch.Tensor, step: int
+    invalid: torch.Tensor, depth: torch.Tensor, nxt: torch.Tensor, path_tokens: torch.Tensor, step: int,
+    group: Any = None,
 ) -> list[tuple[int, int, list[int]]]:
     """The one host read of a step: per sequence (accepted draft tokens, next token, the path's
     tokens root first). invalid [A] is each draft call's device-side check (``Frontier.invalid``),
-    depth [A] the accepted node's depth, nxt [A] the next token, path_tokens [A, width]."""
+    depth [A] the accepted node's depth, nxt [A] the next token, path_tokens [A, width]. With a
+    tensor-parallel target's ``group``, the read also checks that every rank holds the same values."""
     small = torch.cat([invalid[:, None], depth[:, None], nxt[:, None], path_tokens], dim=1)  # [A, 3 + width]
-    vals = small.tolist()
+    vals = read_agreed(small, group, step)
     bad = [b for b, v in enumerate(vals) if v[0]]
     if bad:
         which = "" if len(vals) == 1 else f" (sequence(s) {bad} of the active batch)"

@@ -17,6 +17,11 @@ hidden state.
 The cache is passed to the model under the name its ``forward`` declares (:func:`cache_keyword`:
 ``cache`` in current transformers, ``past_key_values`` in older releases) and read back from the
 output under the same name (:func:`returned_cache`).
+
+A tensor-parallel target (transformers' TP plans, :mod:`.distributed`) runs the same forwards on
+every rank: its logits and the hidden states the hooks capture come out replicated (a DTensor
+output is gathered to a full tensor), and its KV cache holds this rank's key/value heads, which
+the compaction indexes along the sequence dimension like any other cache.
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ def eagle3_tap_layers(num_layers: int) -> list[int]:
     coincide (small L), in ascending order; indices outside [0, L) are dropped.
     """
     return sorted({i for i in (2, num_layers // 2, num_layers - 3) if 0 <= i < num_layers})
+
+
+def _full(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a plain tensor holding every element: a DTensor output of a TP forward is gathered."""
+    full_tensor = getattr(x, "full_tensor", None)
+    return full_tensor() if full_tensor is not None else x
 
 
 def _decoder_layers(target: Any) -> Any:
@@ -115,7 +126,7 @@ class TargetRunner:
 
                 def pre_hook(module, args, kwargs, _i=i):
                     h = args[0] if args else kwargs.get("hidden_states")
-                    self._captured[_i] = h
+                    self._captured[_i] = _full(h)
 
                 self._hooks.append(self.layers[i].register_forward_pre_hook(pre_hook, with_kwargs=True))
         else:
@@ -123,7 +134,7 @@ class TargetRunner:
 
             def post_hook(module, args, output):
                 h = output[0] if isinstance(output, tuple) else getattr(output, "last_hidden_state", output)
-                self._captured[-1] = h
+                self._captured[-1] = _full(h)
 
             self._hooks.append(base.register_forward_hook(post_hook))
 
@@ -142,13 +153,24 @@ class TargetRunner:
         self._captured.clear()
         return feats
 
+    def _logits(self, out: Any) -> torch.Tensor:
+        """The forward's logits [..., V_t], whole: a tensor-parallel plan must gather the lm_head's output."""
+        logits = _full(out.logits)
+        if logits.shape[-1] != self.vocab_size:
+            raise InputError(
+                f"the target's logits have {logits.shape[-1]} columns but its lm_head has {self.vocab_size} rows: its "
+                "tensor-parallel plan leaves the lm_head's output sharded (e.g. 'colwise'); use a plan whose lm_head "
+                "gathers it ('colwise_gather_output', transformers' plan for Llama)"
+            )
+        return logits
+
     # -- forwards --------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Returns (last logits [1, V_t], features [1, P, F], cache)."""
         out = self.target(input_ids=input_ids, use_cache=True, logits_to_keep=1)
         cache = returned_cache(out)
         check_cache(cache)
-        return out.logits[:, -1].to(self.device), self._features(), cache
+        return self._logits(out)[:, -1].to(self.device), self._features(), cache
 
     def verify(
         self, tokens: torch.Tensor, tree_mask: torch.Tensor, tree_position_ids: torch.Tensor, context: int, cache: Any
@@ -165,7 +187,7 @@ class TargetRunner:
             input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
             **{self.cache_kwarg: cache},
         )
-        return out.logits[0].to(self.device), self._features()
+        return self._logits(out)[0].to(self.device), self._features()
 
     def prefill_batch(self, prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One forward over B ragged prompts (1-D each), right-padded to P = max P_b.
@@ -194,8 +216,9 @@ class TargetRunner:
         )
         cache = returned_cache(out)
         check_cache(cache)
-        where = torch.tensor([last.index(n - 1) for n in lens], device=out.logits.device)  # [B]
-        logits = out.logits[torch.arange(bsz, device=out.logits.device), where]  # [B, V]
+        full = self._logits(out)  # [B, len(last), V]
+        where = torch.tensor([last.index(n - 1) for n in lens], device=full.device)  # [B]
+        logits = full[torch.arange(bsz, device=full.device), where]  # [B, V]
         return logits.to(self.device), self._features(), cache
 
     def verify_batch(
@@ -217,7 +240,7 @@ class TargetRunner:
             input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
             **{self.cache_kwarg: cache},
         )
-        return out.logits.to(self.device), self._features()
+        return self._logits(out).to(self.device), self._features()
 
 
 def compact_cache_batch(cache: Any, phys: int, lengths: torch.Tensor, paths: torch.Tensor, new_phys: int) -> None:
