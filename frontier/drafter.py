@@ -100,6 +100,26 @@ class StagedInputs:
     invalid: torch.Tensor  # [b] bool the slot's inputs were out of range or non-finite
 
 
+class StaticStep:
+    """A backend's draft step over a :class:`Drafter`'s buffers written with PyTorch ops:
+    :meth:`Drafter.stage_inputs`, the backend's :meth:`draft`, then :meth:`Drafter.finish`.
+    ``Backend.static_drafter(drafter, **options)`` returns one (or any object with the same
+    ``step(batch, commit)``)."""
+
+    def __init__(self, drafter: "Drafter") -> None:
+        self.d = drafter
+
+    def step(self, batch: int, commit: bool) -> None:
+        st = self.d.stage_inputs(batch)
+        self.draft(batch, st)
+        self.d.finish(batch, st, commit)
+
+    def draft(self, batch: int, st: StagedInputs) -> None:  # pragma: no cover - interface
+        """Slots [0, batch): trees into ``drafter.outputs``, new K/V rows into the storage at
+        rows [st.c, st.c + st.n)."""
+        raise NotImplementedError
+
+
 class Drafter:
     """The whole draft step for a batch of slots from buffers it owns (module docstring).
 
@@ -153,7 +173,7 @@ class Drafter:
                 raise InputError(f"backend {self.backend!r} needs the draft head: pass weights= "
                                  f"(DraftWeights or a loaded DraftHead), got {type(weights).__name__}")
             weights.validate(cfg)
-            device = weights.device if device is None else torch.device(device)
+            device = weights.device if device is None else _same_index(torch.device(device), weights.device)
             dtype = weights.dtype if dtype is None else dtype
             if device != weights.device or dtype != weights.dtype:
                 raise InputError(f"device/dtype must match the weights' ({weights.device}, {weights.dtype}), "
@@ -161,6 +181,8 @@ class Drafter:
         else:
             weights = None
             device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
             dtype = dtype or torch.float32
         self._check_backend_supports(impl, device, dtype)
         self.cfg, self.weights, self.sampling, self.seed = cfg, weights, sampling, seed
@@ -289,8 +311,13 @@ class Drafter:
         if batch not in self._warm and _capturing(self.device):
             raise InputError(f"Drafter.draft(batch={batch}) is being captured before it ever ran: "
                              f"call drafter.warmup({batch}) first (kernels compile and scratch is allocated then)")
-        st = self.stage_inputs(batch)
-        self._impl.draft(batch, st)
+        self._impl.step(batch, commit)
+        self._warm.add(batch)
+        return self.outputs.head(batch)
+
+    def finish(self, batch: int, st: StagedInputs, commit: bool) -> None:
+        """After a step's draft: the slots' ``invalid`` flags (bad inputs or non-finite scores)
+        and the commit of the valid slots' rows (device ops only)."""
         o = self.outputs.head(batch)
         bad = st.invalid | ~torch.isfinite(o.scores).all(dim=1)  # [b]
         o.invalid.copy_(bad)
@@ -300,8 +327,6 @@ class Drafter:
             self.buffers.pending[:batch].zero_()
         else:
             self.buffers.pending[:batch].copy_(advance)
-        self._warm.add(batch)
-        return o
 
     def stage_inputs(self, batch: int) -> StagedInputs:
         """The step's inputs clamped into range, with a per-slot flag for whatever was not
@@ -430,8 +455,15 @@ class Drafter:
                 f"top_k={self.cfg.top_k}, dtype={self.dtype}, device={self.device})")
 
 
+def _same_index(device: torch.device, like: torch.device) -> torch.device:
+    """``device`` with ``like``'s index when it names none ("cuda" beside "cuda:0")."""
+    if device.index is None and device.type == like.type:
+        return like
+    return device
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-__all__ = ["Drafter", "DrafterBuffers", "DrafterOutputs", "StagedInputs"]
+__all__ = ["Drafter", "DrafterBuffers", "DrafterOutputs", "StagedInputs", "StaticStep"]

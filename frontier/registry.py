@@ -48,12 +48,10 @@ class Backend:
     def generate(self, request: Any) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
-    # Optional: ``static_drafter(drafter, **options)`` returns an object whose ``draft(batch,
-    # staged)`` runs the draft step of a :class:`frontier.Drafter` from its buffers (staged: the
-    # step's inputs clamped into range, :class:`frontier.drafter.StagedInputs`), writing the
-    # trees into ``drafter.outputs`` and the new K/V rows into ``drafter.buffers.k``/``v`` at rows
-    # [c, c + n), with fixed shapes and no host read. Backends without it draft through
-    # ``frontier_generate`` only.
+    # Optional: ``static_drafter(drafter, **options)`` returns the draft step of a
+    # :class:`frontier.Drafter` over its buffers: an object whose ``step(batch, commit)`` drafts
+    # slots [0, batch) with fixed shapes and no host read (subclass frontier.drafter.StaticStep
+    # and write its ``draft``). Backends without it draft through ``frontier_generate`` only.
 
 
 Target = Union[str, Backend, type]

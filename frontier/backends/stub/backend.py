@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ...drafter import StaticStep
 from ...registry import Backend
 from ...result import Frontier
 from ...tree import best_k, expansion_parents, frontier_from_candidates
@@ -108,10 +109,7 @@ def stub_frontier(cfg, root: torch.Tensor, seed, *, sampling: bool, padded: bool
     )
 
 
-class _StaticStub:
-    def __init__(self, drafter) -> None:
-        self.d = drafter
-
+class _StaticStub(StaticStep):
     def draft(self, batch: int, st) -> None:
         d = self.d
         for b in range(batch):

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from ...drafter import StaticStep
 from ...tree import frontier_from_candidates
 from .draft import Candidates, expand_depth, root_children
 from .layer import MASKED, draft_forward
 
 
-class StaticTorchRef:
+class StaticTorchRef(StaticStep):
     """``Drafter.draft`` for torch_ref: one slot after the other, fixed shapes, no host read."""
-
-    def __init__(self, drafter) -> None:
-        self.d = drafter
 
     def draft(self, batch: int, st) -> None:
         for b in range(batch):

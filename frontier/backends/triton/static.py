@@ -1,8 +1,9 @@
 """The triton drafter over a :class:`frontier.Drafter`'s fixed-size buffers.
 
 The kernels already read each sequence's cache length and new-row count from a device metadata
-block; here that block is built on the device from the drafter's ``lengths`` and ``new_rows``,
-and the staged rows are packed (slot after slot) into the workspace by one gather. Every launch
+block; here one small launch (``kernels.stage``) builds that block from the drafter's
+``lengths`` and ``new_rows``, packs the staged rows (slot after slot) into the workspace and
+flags bad values, and another one after the draft commits the valid slots' rows. Every launch
 covers the workspace's row capacity (rows past the call's N exit), so one captured graph serves
 any mix of row counts. The launcher (workspace, rotary tables, packed weight copies) is private
 to the Drafter: nothing another call does can move a buffer a captured graph points at.
@@ -15,12 +16,14 @@ import torch
 from ...errors import InputError
 from ...tree import pack_tree
 from .kernels import META_W
+from .kernels.stage import finish_kernel, stage_kernel
 from .launch import Drafter as Launcher
 from .plan import interpreting
+from .tuning import _pow2
 
 
 class StaticTriton:
-    """``Drafter.draft`` for triton: stage on the device, then the step launches."""
+    """``Drafter.draft`` for triton: one staging launch, the step launches, one finishing launch."""
 
     def __init__(self, drafter, *, tuning=None, pack_weights: bool = True) -> None:
         import dataclasses
@@ -50,35 +53,32 @@ class StaticTriton:
         self.v_off = kv.stride(0) + slots * kv.stride(1)  # [B]
         self.meta = torch.zeros(bsz, META_W, dtype=torch.int64, device=dev)
         self.row_seq = torch.zeros(ws.rows, dtype=torch.int64, device=dev)
-        self.rows = torch.arange(ws.rows, device=dev)  # [rows] packed row ids
+        self.flag = torch.zeros(bsz, dtype=torch.int32, device=dev)  # staging's bad-value flags (zero between steps)
         self.parents = torch.zeros(bsz, cfg.total_token - 1, dtype=torch.int64, device=dev)
         self.leaf = torch.zeros(bsz, 2, dtype=torch.int64, device=dev)  # [leaf count, deepest level]
 
-    def draft(self, batch: int, st) -> None:
-        d, ws, o = self.d, self.launcher.ws, self.d.outputs
-        r = d.max_new_rows
-        # the metadata block: [c, n, first packed row, K offset, V offset, storage rows, N, 0]
-        ends = st.n.cumsum(0)  # [b]
-        first = ends - st.n  # [b]
-        cols = (st.c, st.n, first, self.k_off[:batch], self.v_off[:batch], torch.full_like(st.c, d.storage_rows),
-                ends[-1:].expand(batch), torch.zeros_like(st.c))
-        self.meta[:batch].copy_(torch.stack(cols, dim=1))
-        # packed rows: row m belongs to slot seq[m], its staged row m - first[seq[m]]
-        seq = torch.searchsorted(ends, self.rows, right=True).clamp_(max=batch - 1)  # [rows]
-        self.row_seq.copy_(seq)
-        src = seq * r + (self.rows - first[seq]).clamp(0, r - 1)  # [rows] (rows past N: any staged row)
-        torch.index_select(d.buffers.features.view(-1, d.cfg.feature_size), 0, src, out=ws.feat[: ws.rows])
-        torch.index_select(st.ids.reshape(-1), 0, src, out=ws.ids[: ws.rows])
-        ws.root[:batch].copy_(st.root)
+    def step(self, batch: int, commit: bool) -> None:
+        d, ws, o, bufs = self.d, self.launcher.ws, self.d.outputs, self.d.buffers
+        cfg, r = d.cfg, d.max_new_rows
+        stage_kernel[(batch, r)](
+            new_rows_ptr=bufs.new_rows, lengths_ptr=bufs.lengths, ids_in_ptr=bufs.token_ids, feat_in_ptr=bufs.features,
+            flag_ptr=self.flag, k_off_ptr=self.k_off, v_off_ptr=self.v_off, meta_ptr=self.meta,
+            row_seq_ptr=self.row_seq, ids_out_ptr=ws.ids, feat_out_ptr=ws.feat, root_ptr=ws.root,
+            R=r, F=cfg.feature_size, Vt=cfg.target_vocab_size, MAX_CTX=d.max_context, S_ROWS=d.storage_rows,
+            BLOCK_B=_pow2(d.max_batch), BLOCK_F=min(1024, _pow2(cfg.feature_size)),
+        )
         outputs = (o.draft_tokens[:batch], self.parents[:batch], o.scores[:batch], o.tree_mask[:batch],
                    o.tree_position_ids[:batch], o.retrieve_indices[:batch], self.leaf[:batch])
-        kv = [t for b in range(batch) for t in (d.buffers.k[b], d.buffers.v[b])]
+        kv = [t for b in range(batch) for t in (bufs.k[b], bufs.v[b])]
         self.launcher.run_static(d.weights, batch, meta=self.meta[:batch], row_seq=self.row_seq, kv_base=d.kv,
                                  kv=kv, outputs=outputs)
-        o.leaf_count[:batch].copy_(self.leaf[:batch, 0])
-        o.parents[:batch, 1:].copy_(self.parents[:batch])
-        o.parents[:batch, 0].zero_()
+        finish_kernel[(batch,)](
+            flag_ptr=self.flag, score_ptr=o.scores, new_rows_ptr=bufs.new_rows, lengths_ptr=bufs.lengths,
+            pending_ptr=bufs.pending, invalid_ptr=o.invalid, leaf_ptr=self.leaf, leaf_out_ptr=o.leaf_count,
+            par_ptr=self.parents, par_out_ptr=o.parents, R=r, T=cfg.total_token,
+            COMMIT=commit, BLOCK_T=_pow2(cfg.total_token),
+        )
         if d.sampling:  # sampling orders retrieve rows lexicographically: the shared packer does it
             for b in range(batch):
-                packed = pack_tree(self.parents[b], sampling=True, padded=True, max_depth=d.cfg.depth + 1)
+                packed = pack_tree(self.parents[b], sampling=True, padded=True, max_depth=cfg.depth + 1)
                 o.retrieve_indices[b].copy_(packed.retrieve_indices)
