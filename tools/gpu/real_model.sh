@@ -6,8 +6,8 @@
 #   bench  tokens/s of frontier.generate per backend against target.generate, greedy outputs compared
 #
 # The GGUF (98362432 bytes) travels split: `split -b 48M <gguf> ab/gg/SmolLM2.gguf.part-`; each call
-# carrying a part copies it to /tmp/gg/, and the build phase joins /tmp/gg/SmolLM2.gguf.part-* once
-# all bytes are there. Carry .whl (the gguf wheel; accelerate and psutil in .whl/real_model are
+# carrying a part (from any ab/gg*/ folder) copies it to /tmp/gg/, and the parts are joined, in name
+# order, once all bytes are there (size and sha256 checked). Carry .whl (the gguf wheel; accelerate and psutil in .whl/real_model are
 # installed only where the machine lacks them). /tmp/gg, /tmp/fc, /tmp/head and the Triton cache
 # persist between calls while the machine stays warm, so the phases can be split over calls:
 #
@@ -56,16 +56,18 @@ t() { date +%s.%N; }
 phase_time() { python3 -c "print(f'[time] $1: {$(t) - $2:.1f} s')"; }
 
 # ---- the GGUF parts: stash what this call carries, join once complete ------------------------------
-for part in ab/gg/SmolLM2.gguf.part-*; do [ -f "$part" ] && cp -n "$part" "$GG_DIR/"; done
+for part in ab/gg*/SmolLM2.gguf.part-*; do [ -f "$part" ] && cp "$part" "$GG_DIR/"; done
 if [ ! -f "$FRONTIER_SMOLLM2_GGUF" ]; then
   have=$(cat "$GG_DIR"/SmolLM2.gguf.part-* 2>/dev/null | wc -c)
   if [ "$have" -ne "$GG_SIZE" ]; then
-    echo "GGUF parts in $GG_DIR: $have of $GG_SIZE bytes; carry the next ab/gg/SmolLM2.gguf.part-* in another call"
+    echo "GGUF parts in $GG_DIR: $have of $GG_SIZE bytes; carry the next ab/gg*/SmolLM2.gguf.part-* in another call"
     [ "$PHASES" = stash ] && exit 0
     exit 3
   fi
   cat "$GG_DIR"/SmolLM2.gguf.part-* > "$FRONTIER_SMOLLM2_GGUF.tmp"
-  echo "$GG_SHA256  $FRONTIER_SMOLLM2_GGUF.tmp" | sha256sum -c --quiet - || { echo "joined GGUF: wrong sha256"; exit 3; }
+  echo "$GG_SHA256  $FRONTIER_SMOLLM2_GGUF.tmp" | sha256sum -c --quiet - || {
+    echo "the joined GGUF has the wrong sha256 (parts of two different splits?): rm -rf $GG_DIR and carry the parts again"
+    rm -f "$FRONTIER_SMOLLM2_GGUF.tmp"; exit 3; }
   mv "$FRONTIER_SMOLLM2_GGUF.tmp" "$FRONTIER_SMOLLM2_GGUF"
 fi
 size=$(stat -c %s "$FRONTIER_SMOLLM2_GGUF")
