@@ -34,6 +34,7 @@ if str(_REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(_REPO))
 
 import frontier  # noqa: E402
+import frontier.bench  # noqa: E402
 from frontier.generation import SpeculativeGenerator  # noqa: E402
 
 DEFAULT_PROMPTS = _REPO / "tools" / "prompts" / "heldout.jsonl"
@@ -60,10 +61,14 @@ def parse_tree(text: str) -> tuple[int, int, int]:
     return t, d, k
 
 
-def parse_backend(text: str) -> tuple[str, dict]:
-    """``"triton"`` or ``"triton:persistent"`` -> (backend name, draft options)."""
+def parse_backend(text: str) -> tuple[str, dict, Optional[bool]]:
+    """(backend name, draft options, static) of ``"triton"`` (the loop's default: a captured
+    Drafter on a GPU), ``"triton:calls"`` (one frontier_generate call per step) or
+    ``"triton:persistent"`` (per call, that launch mode)."""
     name, _, mode = text.partition(":")
-    return name, ({"mode": mode} if mode else {})
+    if mode == "calls":
+        return name, {}, False
+    return name, ({"mode": mode} if mode else {}), None
 
 
 def _sync(device: torch.device) -> None:
@@ -93,8 +98,9 @@ def accepted_lengths(
     target: Any, head: Any, prompts: list[torch.Tensor], tree: tuple[int, int, int], backend: str, max_new_tokens: int,
 ) -> dict:
     """Greedy generation of every prompt: tokens per verify forward, pooled and per prompt."""
-    name, options = parse_backend(backend)
-    gen = SpeculativeGenerator(target, head.config(*tree), head.weights, backend=name, draft_options=options)
+    name, options, static = parse_backend(backend)
+    gen = SpeculativeGenerator(target, head.config(*tree), head.weights, backend=name, draft_options=options,
+                               static=static)
     per_prompt, tokens, steps = [], 0, 0
     for ids in prompts:
         stats = gen.generate(ids, max_new_tokens=max_new_tokens, profile=False).stats
@@ -140,8 +146,9 @@ def bench_backend(
 ) -> dict:
     """Timed greedy generation of every prompt (no profiling syncs) after a warm-up call, the
     comparison with ``reference``, then the per-step time split of a profiled pass."""
-    name, options = parse_backend(backend)
-    gen = SpeculativeGenerator(target, head.config(*tree), head.weights, backend=name, draft_options=options)
+    name, options, static = parse_backend(backend)
+    gen = SpeculativeGenerator(target, head.config(*tree), head.weights, backend=name, draft_options=options,
+                               static=static)
     device = prompts[0].device
     t0 = time.perf_counter()
     gen.generate(prompts[0], max_new_tokens=max_new_tokens, profile=False)  # warm-up (triton: compiles)
@@ -168,6 +175,9 @@ def bench_backend(
         split["prefill"] += s.time_prefill
         split["steps"] += s.verify_steps
     per_step = {f"{k}_ms_per_step": 1e3 * split[k] / max(split["steps"], 1) for k in ("draft", "verify", "other")}
+    if gen.static and device.type == "cuda":  # the loop's Drafter: its captured step alone, as a replay
+        drafter = gen._drafters[False]
+        per_step["captured_ms"] = frontier.bench.time_calls(lambda: drafter.replay(1, commit=False), reps=50)
     return {
         "name": f"frontier {backend}", "tree": "/".join(map(str, tree)), "warmup_s": warmup, "new_tokens": new,
         "seconds": elapsed, "tokens_per_s": new / elapsed, "verify_steps": steps,
@@ -186,13 +196,15 @@ def accept_table(rows: list[dict]) -> str:
 
 
 def bench_table(base: dict, rows: list[dict]) -> str:
-    head = f"{'method':<26} {'tok/s':>8} {'speedup':>7} {'tau':>6} {'same':>5} {'draft':>7} {'verify':>7} {'other':>7}  (ms/step)"
+    head = (f"{'method':<26} {'tok/s':>8} {'speedup':>7} {'tau':>6} {'same':>5} {'draft':>7} {'verify':>7} {'other':>7} "
+            f"{'replay':>7}  (ms/step; replay: the loop's captured draft step alone)")
     lines = [head, f"{base['name']:<26} {base['tokens_per_s']:8.1f} {1.0:7.2f} {'':>6} {'':>5}"]
     for r in rows:
+        replay = f"{r['captured_ms']:7.3f}" if "captured_ms" in r else f"{'-':>7}"
         lines.append(
             f"{r['name'] + ' ' + r['tree']:<26} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / base['tokens_per_s']:7.2f} "
             f"{r['mean_accepted_length']:6.3f} {('yes' if r['identical'] else 'NO'):>5} {r['draft_ms_per_step']:7.2f} "
-            f"{r['verify_ms_per_step']:7.2f} {r['other_ms_per_step']:7.2f}"
+            f"{r['verify_ms_per_step']:7.2f} {r['other_ms_per_step']:7.2f} {replay}"
         )
     return "\n".join(lines)
 
@@ -209,7 +221,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="trees of the accept phase, e.g. 60/5/10,20/4/4")
     p.add_argument("--accept-backend", default="torch_ref")
     p.add_argument("--bench-tree", type=parse_tree, default=(60, 5, 10))
-    p.add_argument("--backends", default="triton,torch_ref", help="bench phase backends, e.g. triton,triton:persistent,torch_ref")
+    p.add_argument("--backends", default="triton,torch_ref", help="bench phase backends, e.g. triton,triton:calls,triton:persistent,torch_ref "
+                   "(triton: the loop's default, a captured Drafter on a GPU; :calls one frontier_generate call per step)")
     p.add_argument("--split-prompts", type=int, default=4, help="prompts of the profiled pass that gives the time split")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

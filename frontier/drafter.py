@@ -375,6 +375,21 @@ class Drafter:
         """Empty slots (default all): length 0, for a new sequence."""
         self.rollback(0, slots)
 
+    def keep_slots(self, slots: Any) -> None:
+        """Move slots ``slots`` to the front, in that order (slot i takes slot ``slots[i]``'s
+        cache, length and staging) and empty the rest: a batch whose finished sequences leave it.
+        A host call with a host-to-device copy, not part of a captured step."""
+        order = [self._slot(s) for s in slots]
+        n = len(order)
+        b = self.buffers
+        if order != list(range(n)):
+            idx = torch.tensor(order, dtype=torch.long, device=self.device)
+            self.kv[:, :n] = self.kv.index_select(1, idx)
+            for t in (b.features, b.token_ids, b.new_rows, b.lengths):
+                t[:n] = t.index_select(0, idx)
+        b.lengths[n:] = 0
+        b.pending.zero_()
+
     def warmup(self, batch: Optional[int] = None) -> None:
         """Run a draft of ``batch`` slots once without committing (kernels compile, scratch is
         allocated), so that the step can then be captured. Outputs are overwritten; lengths not."""

@@ -56,6 +56,45 @@ class OracleBackend(Backend):
         return plant_continuation(fr, future, self.rng)
 
 
+class StaticOracleBackend(OracleBackend):
+    """The oracle that also drafts from a Drafter's buffers: the slot's sequence length is read
+    back from the device (a test may), the rest as the per-call oracle."""
+
+    name = "test_static_oracle"
+
+    def __init__(self):
+        super().__init__()
+        self.static_calls: list[tuple[int, int]] = []  # (L, n) per slot of each replayed step
+
+    def static_drafter(self, drafter):
+        from frontier.backends.stub.backend import stub_frontier
+        from frontier.drafter import StaticStep
+
+        oracle = self
+
+        class Step(StaticStep):
+            def draft(self, batch, st):
+                for b in range(batch):
+                    big_l, n = int(st.c[b] + st.n[b]), int(st.n[b])
+                    root = int(st.root[b])
+                    assert root == oracle.reference[big_l], "the loop's sequence left the target's greedy output"
+                    staged = st.ids[b, :n].tolist()  # the tokens paired with the new rows end at the root
+                    assert staged == oracle.reference[big_l - n + 1 : big_l + 1]
+                    oracle.static_calls.append((big_l, n))
+                    fr = stub_frontier(drafter.cfg, st.root[b].reshape(1), 7 + n, sampling=False, padded=True)
+                    drafter.outputs.write(b, plant_continuation(fr, oracle.reference[big_l + 1 :], oracle.rng))
+
+        return Step(drafter)
+
+
+@pytest.fixture
+def static_oracle():
+    b = StaticOracleBackend()
+    register_backend(b.name, b, clobber=True)
+    yield b
+    unregister_backend(b.name)
+
+
 @pytest.fixture
 def oracle():
     b = OracleBackend()
@@ -83,6 +122,61 @@ def test_greedy_lossless_every_backend(pair, tree, backend_name):
         assert torch.equal(out.sequences, ref), f"backend {backend_name} prompt {seed}: output differs from target.generate"
         assert out.stats.new_tokens == ref.shape[1] - plen
         assert out.stats.target_forwards == 1 + out.stats.verify_steps
+
+
+@pytest.mark.slow_case(backend_name="triton")  # interpreted: two prompts of test_greedy_lossless_every_backend run by default
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+def test_static_drafting_is_lossless(pair, backend_name, batch):
+    """static=True: the loop drafts through a Drafter (prefill, then staged rows and replays; a
+    batch's finished sequences leave its slots) and the output is the target's own."""
+    target, _, _ = pair
+    cfg, w = _head(target, 12, 3, 3, seed=5)
+    target, w = on_backend_device(backend_name, target, w)
+    gen = SpeculativeGenerator(target, cfg, _weights_for(backend_name, w), backend=backend_name, static=True)
+    assert gen.static
+    prompts = [_prompt(31, 5), _prompt(32, 3), _prompt(33, 8)]
+    budgets = [6, 2, 4]  # the second sequence stops first and leaves the batch
+    if batch:
+        out = gen.generate([p[0] for p in prompts], max_new_tokens=budgets, eos_token_id=None)
+        for p, n, res in zip(prompts, budgets, out.results):
+            assert torch.equal(res.sequences, _reference(target, p, n, eos_token_id=None))
+    for p, n in zip(prompts[:2], budgets[:2]):  # the same generator again: its Drafter is reused
+        out = gen.generate(p, max_new_tokens=n, eos_token_id=None)
+        assert torch.equal(out.sequences, _reference(target, p, n, eos_token_id=None))
+    assert len(gen._drafters) == 1
+
+
+def test_static_drafting_with_accepted_runs(pair, static_oracle):
+    """Long accepted runs stage several rows per step (up to depth + 2) into the Drafter."""
+    target, _, _ = pair
+    cfg = FrontierConfig(total_token=12, depth=4, top_k=2, vocab_size=V, hidden_size=64, feature_size=192)
+    prompts = [_prompt(41, 4), _prompt(42, 9)]
+    refs = [_reference(target, p, 40, eos_token_id=None) for p in prompts]
+    gen = SpeculativeGenerator(target, cfg, backend=static_oracle.name, static=True)
+    outs = []
+    for p, ref in zip(prompts, refs):
+        static_oracle.reference = ref[0].tolist()
+        static_oracle.rng = random.Random(3)
+        outs.append(gen.generate(p, max_new_tokens=30, eos_token_id=None))
+        assert torch.equal(outs[-1].sequences, ref[:, : p.shape[1] + 30])
+    assert [n for _, n in static_oracle.calls] == [4, 9]  # the prompts: prefill's frontier_generate calls
+    rows = [n for _, n in static_oracle.static_calls]
+    assert max(rows) > 1 and max(rows) <= cfg.depth + 2  # several accepted rows staged at once
+    assert sum(a - 1 for o in outs for a in o.stats.accepted_lengths) > 0
+
+
+def test_static_option_is_checked(pair, oracle):
+    target, cfg, w = pair
+    with pytest.raises(InputError, match="cannot draft from static buffers"):
+        SpeculativeGenerator(target, cfg, backend=oracle.name, static=True)
+    with pytest.raises(InputError, match="padded=True"):
+        SpeculativeGenerator(target, cfg, w, backend="torch_ref", static=True, padded=False)
+    with pytest.raises(InputError, match="draft options"):
+        SpeculativeGenerator(target, cfg, w, backend="torch_ref", static=True, draft_options={"trace": True})
+    with pytest.raises(InputError, match="static must be"):
+        SpeculativeGenerator(target, cfg, w, backend="torch_ref", static="yes")
+    # default: per-call drafting on a CPU target, a Drafter on a GPU one
+    assert SpeculativeGenerator(target, cfg, w, backend="torch_ref").static is False
 
 
 @pytest.mark.parametrize(
@@ -344,7 +438,7 @@ def test_draft_options_reach_every_draft_call(pair, monkeypatch):
     """``draft_options`` (e.g. the triton backend's ``mode``, torch_ref's ``trace``) go to every draft
     call, single and batched, beside the loop's own arguments; bad ones are refused when the
     generator is made."""
-    import frontier.generation.loop as gmod
+    import frontier.generation.drafting as gmod
 
     target, cfg, w = pair
     seen = []

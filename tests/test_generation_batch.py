@@ -332,7 +332,7 @@ def test_one_forward_one_draft_call_per_step_and_features(pair, monkeypatch):
     cfg, w = _head(target, 10, 3, 3)
     rec = RecordingBackend()
     register_backend(rec.name, rec, clobber=True)
-    import frontier.generation.loop as gmod
+    import frontier.generation.drafting as gmod
 
     draft_calls = []
     real = gmod.frontier_generate

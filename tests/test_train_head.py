@@ -184,7 +184,9 @@ def test_real_model_benchmark_refuses_a_bad_tree():
     with pytest.raises(SystemExit):
         bench.parse_args(["--target", "t", "--head", "h", "--trees", "60/5"])
     assert bench.parse_tree("60/5/10") == (60, 5, 10)
-    assert bench.parse_backend("triton:persistent") == ("triton", {"mode": "persistent"})
+    assert bench.parse_backend("triton:persistent") == ("triton", {"mode": "persistent"}, None)
+    assert bench.parse_backend("triton:calls") == ("triton", {}, False)
+    assert bench.parse_backend("torch_ref") == ("torch_ref", {}, None)
 
 
 def test_smollm2_gguf_override(monkeypatch, tmp_path):

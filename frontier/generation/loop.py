@@ -2,8 +2,9 @@
 
 Every step is four named phases over the target (:mod:`.target`) and the draft backend:
 
-1. draft: one ``frontier_generate`` call builds a tree of T tokens rooted at the last new token,
-   from the target features of the rows the draft cache lacks;
+1. draft: a tree of T tokens rooted at the last new token, from the target features of the rows
+   the draft cache lacks: one ``frontier_generate`` call, or on a GPU a :class:`~frontier.Drafter`
+   step replayed as one CUDA graph (:mod:`.drafting`);
 2. verify: one target forward over the T tree tokens;
 3. accept: the deepest tree node whose path the target agrees with, plus the target's next token
    (:mod:`.acceptance`, on the device); one small host read per step fetches them;
@@ -23,8 +24,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from ..api import frontier_generate
 from ..config import FrontierConfig
+from ..drafter import Drafter
 from ..errors import InputError, NonFiniteError
 from ..registry import get_backend
 from ..request import check_options
@@ -32,12 +33,16 @@ from ..weights import DraftWeights
 from .acceptance import SamplingParams, greedy_accept, greedy_accept_batch, sampling_accept, warp_logits
 from .arguments import GenerationArgs, check_draft_options, check_head_matches_target, generation_args
 from .distributed import check_tp_device, read_agreed, shared_seed, tp_group
+from .drafting import CallDrafts, StaticDrafts, supports_static
 from .stats import BatchGenerationResult, BatchGenerationStats, GenerationResult, GenerationStats
 from .target import (
     TargetRunner, check_cache_length, compact_cache, compact_cache_batch, select_cache_rows,
 )
 
 __all__ = ["SpeculativeGenerator", "generate"]
+
+#: Draft options a static Drafter takes (the triton backend's); any other option drafts per call.
+STATIC_OPTIONS = ("tuning", "pack_weights")
 
 
 class SpeculativeGenerator:
@@ -54,6 +59,11 @@ class SpeculativeGenerator:
     draft_options: backend options passed to every draft call (e.g. ``{"mode": "graph"}`` for
         the triton backend's CUDA-graph launches); the loop's own arguments (input ids, cache,
         weights, sampling, layout) cannot be set here.
+    static: draft through a :class:`~frontier.Drafter` whose step is captured once and replayed
+        (True), with one ``frontier_generate`` call per step (False), or (None, the default) the
+        Drafter wherever it helps: a CUDA target, a backend that drafts from static buffers (the
+        built-ins), ``padded=True`` and no draft option but ``tuning``/``pack_weights``. The
+        Drafter is kept between ``generate`` calls (its cache sized for the longest so far).
 
     The hooks that capture the target's features are attached for the duration of each
     :meth:`generate` call only.
@@ -68,6 +78,7 @@ class SpeculativeGenerator:
         backend: str = "torch_ref",
         padded: bool = True,
         draft_options: Optional[dict[str, Any]] = None,
+        static: Optional[bool] = None,
     ) -> None:
         if not isinstance(cfg, FrontierConfig):
             raise InputError(f"cfg must be a frontier.FrontierConfig, got {type(cfg).__name__}")
@@ -88,6 +99,8 @@ class SpeculativeGenerator:
         check_head_matches_target(cfg, weights, self.runner)
         self.tp_group = tp_group(target)  # None unless the target is tensor-parallel
         check_tp_device(self.tp_group, self.runner.device)
+        self.static = self._check_static(static, impl)
+        self._drafters: dict[bool, Drafter] = {}  # static drafting: one Drafter per sampling flag, kept
         self.feature_dtype = weights.dtype if weights is not None else self.runner.dtype
         self.width = min(cfg.total_token, cfg.depth + 2)  # longest accepted path: root + depth + 1
 
@@ -151,7 +164,7 @@ class SpeculativeGenerator:
         p_len = prompt.shape[0]
         stats = GenerationStats(backend=self.backend, prompt_tokens=p_len)
         state = _SequenceState.start(prompt, args.budgets[0], device)
-        draft_kwargs = self._draft_kwargs(p_len + args.budgets[0] + 2)
+        drafts = self._drafts(1, p_len + args.budgets[0] + 2, sampling=not params.greedy)
         sync = _syncer(device, profile)
 
         def report() -> None:
@@ -174,9 +187,7 @@ class SpeculativeGenerator:
             while state.reason is None:
                 # ---- draft --------------------------------------------------------------------
                 t0 = time.perf_counter()
-                fr = self._draft(state.new_feats.to(self.feature_dtype), state.input_ids()[None],
-                                 state.draft_cache, params, draft_kwargs)  # input_ids [1, L + 1], root last
-                state.draft_cache = fr.cache
+                (fr,) = drafts.draft([state.new_feats.to(self.feature_dtype)], [state.input_ids()])
                 stats.draft_calls += 1
                 sync()
                 t1 = time.perf_counter()
@@ -243,7 +254,7 @@ class SpeculativeGenerator:
         bstats = BatchGenerationStats(backend=self.backend, batch_size=bsz)
         bstats.sequences = [GenerationStats(backend=self.backend, prompt_tokens=n) for n in lens0]
         states = [_SequenceState.start(p, args.budgets[b], device) for b, p in enumerate(prompts)]
-        draft_kwargs = self._draft_kwargs(max(n + m for n, m in zip(lens0, args.budgets)) + 2)
+        drafts = self._drafts(bsz, max(n + m for n, m in zip(lens0, args.budgets)) + 2, sampling=not params.greedy)
         sync = _syncer(device, profile)
 
         def report() -> None:
@@ -261,24 +272,17 @@ class SpeculativeGenerator:
                 st.fed_len, st.new_feats = lens0[b], feats[b : b + 1, : lens0[b]]
                 bstats.sequences[b].target_forwards += 1
                 st.emit([tok], roots[b : b + 1], args.stop_names, args.budget_reason(b))
-            active, phys = _drop_finished(cache, states, list(range(bsz)), max(lens0))
+            active, phys = _drop_finished(cache, states, list(range(bsz)), max(lens0), drafts)
             sync()
             bstats.time_prefill = time.perf_counter() - t_start
             report()
 
-            first_draft = True
             while active:
                 # ---- draft: one batched call ----------------------------------------------------
                 t0 = time.perf_counter()
-                frs = self._draft(
-                    [states[b].new_feats.to(self.feature_dtype) for b in active],
-                    [states[b].input_ids()[None] for b in active],  # [1, L_b + 1] each
-                    None if first_draft else [states[b].draft_cache for b in active],
-                    params, draft_kwargs,
-                )
-                first_draft = False
-                for b, fr in zip(active, frs):
-                    states[b].draft_cache = fr.cache
+                frs = drafts.draft([states[b].new_feats.to(self.feature_dtype) for b in active],
+                                   [states[b].input_ids() for b in active])  # [L_b + 1] each, root last
+                for b in active:
                     bstats.sequences[b].draft_calls += 1
                 bstats.draft_calls += 1
                 bstats.active.append(len(active))
@@ -324,7 +328,7 @@ class SpeculativeGenerator:
                 phys = new_phys
                 if bstats.verify_steps == 1:
                     check_cache_length(cache, phys)
-                active, phys = _drop_finished(cache, states, active, phys)
+                active, phys = _drop_finished(cache, states, active, phys, drafts)
                 report()
         finally:
             r.detach()
@@ -349,12 +353,41 @@ class SpeculativeGenerator:
                 kwargs["check_token_range"] = False  # token ids come from the target/drafter
         return kwargs
 
-    def _draft(self, feats: Any, input_ids: Any, cache: Any, params: SamplingParams, kwargs: dict[str, Any]) -> Any:
-        """One draft call: a Frontier, or a list of them when ``feats`` is a list (a batch)."""
-        return frontier_generate(
-            self.cfg, feats, backend=self.backend, input_ids=input_ids, cache=cache,
-            sampling=not params.greedy, padded=self.padded, **kwargs,
-        )
+    def _drafts(self, batch: int, max_length: int, *, sampling: bool) -> Union[CallDrafts, StaticDrafts]:
+        """How this generation drafts: a (kept) Drafter's replays when ``self.static``, else one
+        ``frontier_generate`` call per step."""
+        if not self.static:
+            return CallDrafts(self, sampling=sampling, max_length=max_length)
+        d = self._drafters.get(sampling)
+        if d is None or d.max_batch < batch or d.max_context < max_length:
+            self._drafters.pop(sampling, None)  # its buffers (and captured graphs) go first
+            grown = max(max_length, d.max_context if d is not None else 0)
+            d = Drafter(self.cfg, self.weights, backend=self.backend, max_batch=max(batch, d.max_batch if d else 1),
+                        max_context=-(-grown // 1024) * 1024, sampling=sampling, device=self.runner.device,
+                        dtype=self.feature_dtype, **self.draft_options)
+            self._drafters[sampling] = d
+        on_cuda = self.runner.device.type == "cuda"
+        return StaticDrafts(d, prefill_options={"check_token_range": False} if on_cuda and self.requires_weights else {})
+
+    def _check_static(self, static: Optional[bool], impl: Any) -> bool:
+        """``static``: draft through a :class:`~frontier.Drafter` (True), one call per step (False), or
+        (None) a Drafter wherever it helps: a CUDA target, a backend that drafts from static
+        buffers, padded trees and no draft option but the Drafter's own."""
+        if static is not None and not isinstance(static, bool):
+            raise InputError(f"static must be True, False or None, got static={static!r}")
+        own = set(self.draft_options) <= set(STATIC_OPTIONS)
+        if static is None:
+            return bool(supports_static(impl) and self.runner.device.type == "cuda" and self.padded and own
+                        and self.tp_group is None)
+        if static:
+            if not supports_static(impl):
+                raise InputError(f"static=True: backend {self.backend!r} cannot draft from static buffers")
+            if not self.padded:
+                raise InputError("static=True drafts padded trees: pass padded=True")
+            if not own:
+                raise InputError(f"static=True takes the draft options {list(STATIC_OPTIONS)} only, "
+                                 f"got {sorted(self.draft_options)}")
+        return static
 
     def _accept_batch(
         self, logits: torch.Tensor, tokens: torch.Tensor, tmasks: torch.Tensor, tpos: torch.Tensor,
@@ -437,11 +470,13 @@ def _read_step(
     return [(v[1], v[2], v[3:]) for v in vals]
 
 
-def _drop_finished(cache: Any, states: list, active: list[int], phys: int) -> tuple[list[int], int]:
-    """Remove the stopped sequences' rows from the batch's target cache; returns (active, phys)."""
+def _drop_finished(cache: Any, states: list, active: list[int], phys: int, drafts: Any) -> tuple[list[int], int]:
+    """Remove the stopped sequences' rows from the batch's target cache and its drafts; returns
+    (active, phys)."""
     keep = [i for i, b in enumerate(active) if states[b].reason is None]
     if len(keep) == len(active):
         return active, phys
+    drafts.keep(keep)
     active = [active[i] for i in keep]
     if not active:
         return active, 0
@@ -463,7 +498,8 @@ class _SequenceState:
 
     ``buffer`` holds the prompt, then the emitted tokens; the last emitted token is the next
     tree root, whose target K/V are not cached yet. ``fed_len`` tokens are in the target's KV
-    cache; ``new_feats`` are the target features of the rows the draft cache lacks.
+    cache; ``new_feats`` are the target features of the rows the draft cache lacks (the draft
+    caches themselves live with the step's drafts, :mod:`.drafting`).
     """
 
     buffer: torch.Tensor  # [P + budget + 1] int64 on the device
@@ -472,7 +508,6 @@ class _SequenceState:
     emitted: list[int] = field(default_factory=list)
     fed_len: int = 0
     target_cache: Any = None
-    draft_cache: Any = None
     new_feats: Optional[torch.Tensor] = None  # [1, n, F]
     reason: Optional[str] = None
 
@@ -516,14 +551,16 @@ def generate(
     weights: Optional[DraftWeights] = None,
     backend: str = "torch_ref",
     padded: bool = True,
+    static: Optional[bool] = None,
     **kwargs: Any,
 ) -> Union[GenerationResult, BatchGenerationResult]:
     """Speculative generation in one call; see :class:`SpeculativeGenerator` and its ``generate``.
 
     ``input_ids``: one prompt [1, P] (returns a :class:`GenerationResult`), or a batch — a list of
     prompts or a [B, P] tensor, B > 1 — (returns a :class:`BatchGenerationResult`).
+    ``static``: as :class:`SpeculativeGenerator`'s (default: a captured Drafter on a GPU).
     ``kwargs``: attention_mask, max_new_tokens, max_length, temperature, top_p, top_k,
     eos_token_id, stop_token_ids, seed, generator, callback, profile.
     """
-    gen = SpeculativeGenerator(target, cfg, weights, backend=backend, padded=padded)
+    gen = SpeculativeGenerator(target, cfg, weights, backend=backend, padded=padded, static=static)
     return gen.generate(input_ids, **kwargs)

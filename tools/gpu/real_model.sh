@@ -98,7 +98,8 @@ py_phases=""
 has eval && py_phases=accept
 has bench && py_phases=${py_phases:+$py_phases,}bench
 if [ -n "$py_phases" ]; then
-  [ -f "$HEAD/config.json" ] || { echo "no head in $HEAD: run the train phase first (same warm machine)"; exit 3; }
+  if [ ! -f "$HEAD/config.json" ] && [ -f ab/head/config.json ]; then mkdir -p "$HEAD" && cp ab/head/* "$HEAD/"; fi  # a carried head
+  [ -f "$HEAD/config.json" ] || { echo "no head in $HEAD or ab/head: run the train phase first (same warm machine)"; exit 3; }
   t0=$(t)
   python3 benchmarks/real_model.py --target "$TARGET" --head "$HEAD" --device "$DEVICE" --dtype "$DTYPE" \
     --phases "$py_phases" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --trees "$TREES" \
