@@ -219,7 +219,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--phases", default="accept,bench", help="comma-separated: accept, bench")
     p.add_argument("--trees", type=lambda s: [parse_tree(t) for t in s.split(",")], default=[(60, 5, 10), (20, 4, 4)],
                    help="trees of the accept phase, e.g. 60/5/10,20/4/4")
-    p.add_argument("--accept-backend", default="torch_ref")
+    p.add_argument("--accept-backend", default="torch_ref:calls",
+                   help="backend of the accepted-length phase (default: torch_ref, one call per step)")
     p.add_argument("--bench-tree", type=parse_tree, default=(60, 5, 10))
     p.add_argument("--backends", default="triton,torch_ref", help="bench phase backends, e.g. triton,triton:calls,triton:persistent,torch_ref "
                    "(triton: the loop's default, a captured Drafter on a GPU; :calls one frontier_generate call per step)")
@@ -258,9 +259,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         base = baseline(target, prompts, args.max_new_tokens)
         rows = []
         for backend in [b for b in args.backends.split(",") if b]:
-            rows.append(bench_backend(
-                target, head, prompts, args.bench_tree, backend, args.max_new_tokens, base["outputs"], args.split_prompts
-            ))
+            try:
+                rows.append(bench_backend(
+                    target, head, prompts, args.bench_tree, backend, args.max_new_tokens, base["outputs"],
+                    args.split_prompts,
+                ))
+            except Exception as exc:  # one backend failing leaves the others' rows
+                print(f"## {backend} failed: {type(exc).__name__}: {exc}", flush=True)
+                report.setdefault("failed", {})[backend] = f"{type(exc).__name__}: {exc}"
+                continue
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "mismatches"}), flush=True)
         report["bench"] = {"baseline": {k: v for k, v in base.items() if k != "outputs"}, "frontier": rows}
         print("## end-to-end, batch 1\n" + bench_table(base, rows), flush=True)
