@@ -202,6 +202,7 @@ class Drafter:
         self._impl = impl.static_drafter(self, **self.options)
         self._warm: set = set()  # batch sizes whose draft has run once (compiled, buffers allocated)
         self._graphs: dict = {}  # (batch, commit) -> torch.cuda.CUDAGraph
+        self._views: list[Optional[dict]] = [None] * max_batch  # frontier(slot)'s output views
 
     # -- construction --------------------------------------------------------------------------
     def _check_backend_supports(self, impl: Any, device: torch.device, dtype: torch.dtype) -> None:
@@ -429,15 +430,18 @@ class Drafter:
 
     # -- views -------------------------------------------------------------------------------------
     def frontier(self, slot: int) -> Frontier:
-        """Slot ``slot``'s last tree as a padded :class:`~frontier.Frontier` (views, no copy)."""
+        """Slot ``slot``'s last tree as a padded :class:`~frontier.Frontier` of views of the outputs
+        (no copy: the next draft overwrites them). The views are made once per slot."""
         slot = self._slot(slot)
-        o = self.outputs
-        return Frontier(
-            draft_tokens=o.draft_tokens[slot][None], retrieve_indices=o.retrieve_indices[slot],
-            tree_mask=o.tree_mask[slot][None, None], tree_position_ids=o.tree_position_ids[slot],
-            scores=o.scores[slot], parents=o.parents[slot], leaf_count=o.leaf_count[slot], padded=True,
-            invalid=o.invalid[slot],
-        )
+        if self._views[slot] is None:
+            o = self.outputs
+            self._views[slot] = dict(
+                draft_tokens=o.draft_tokens[slot][None], retrieve_indices=o.retrieve_indices[slot],
+                tree_mask=o.tree_mask[slot][None, None], tree_position_ids=o.tree_position_ids[slot],
+                scores=o.scores[slot], parents=o.parents[slot], leaf_count=o.leaf_count[slot],
+                invalid=o.invalid[slot],
+            )
+        return Frontier(padded=True, **self._views[slot])
 
     def nbytes(self) -> int:
         """Device memory of the buffers and outputs this drafter owns (not its backend's scratch)."""

@@ -414,14 +414,13 @@ def test_run_case_times_the_persistent_mode_only_when_asked(monkeypatch):
     assert calls == [("triton", None)] and set(row.results) == {"triton"}
 
 
-def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch):
-    """kernel_only adds 'triton launch' (one launch, the GPU idle while the host prepares it) and
-    'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True)),
-    and with persistent=True 'triton persistent' and 'triton persistent kernel' (the one
-    cooperative launch's device work alone)."""
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """run_case on the CPU: each setup call returns its backend's name, each launch helper a label,
+    and the timer records (what the timed function returned, device_only) and answers 2.0 ms for
+    device time, 3.0 for the rest. Returns the record."""
     import frontier.bench as bench
 
-    case = tiny_case(batch=1, context=8, new_rows=2)
     timed = []
 
     class FakeSetup:
@@ -440,6 +439,17 @@ def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch
     monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="graph": f"launch {mode}")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return timed
+
+
+def test_kernel_only_times_the_launch_with_and_without_its_host_work(fake_timer):
+    """kernel_only adds 'triton launch' (one launch, the GPU idle while the host prepares it) and
+    'triton kernel' (the same launch timed as device work alone: time_calls(device_only=True)),
+    and with persistent=True 'triton persistent' and 'triton persistent kernel' (the one
+    cooperative launch's device work alone)."""
+    import frontier.bench as bench
+
+    case, timed = tiny_case(batch=1, context=8, new_rows=2), fake_timer
     row = bench.run_case(case, backends=["triton"], device="cpu", dtype=torch.float32, bandwidth=1e12,
                          captured=False)
     assert timed == [("triton", False), ("launch graph", False), ("launch graph", True)]
@@ -454,21 +464,13 @@ def test_kernel_only_times_the_launch_with_and_without_its_host_work(monkeypatch
                            "triton persistent kernel": 2.0}
 
 
-def test_captured_rows_time_the_drafters_replay(monkeypatch):
+def test_captured_rows_time_the_drafters_replay(monkeypatch, fake_timer):
     """captured=True (the default) adds '<backend> captured' for triton and torch_ref (a Drafter's
     whole step replayed, host included) and, with kernel_only, 'triton captured kernel' (the same
     replay's device time alone)."""
     import frontier.bench as bench
 
-    case = tiny_case(batch=1, context=8, new_rows=2)
-    timed = []
-
-    class FakeSetup:
-        def __init__(self, case, **kw):
-            self.cfg, self.weights = case.config(), case.head.weights
-
-        def call(self, backend, **options):
-            return backend
+    case, timed = tiny_case(batch=1, context=8, new_rows=2), fake_timer
 
     class FakeDrafter:
         def __init__(self, backend):
@@ -478,16 +480,7 @@ def test_captured_rows_time_the_drafters_replay(monkeypatch):
             assert commit is False  # every replay drafts the same rows from the same cache
             return f"replay {self.backend}"
 
-    def fake_time_calls(fn, *, warmup=5, reps=50, device_only=False):
-        timed.append((fn(), device_only))
-        return 2.0 if device_only else 3.0
-
-    monkeypatch.setattr(bench, "CallSetup", FakeSetup)
-    monkeypatch.setattr(bench, "time_calls", fake_time_calls)
     monkeypatch.setattr(bench, "static_drafter", lambda setup, backend: FakeDrafter(backend))
-    monkeypatch.setattr(bench, "triton_kernel_only", lambda setup, mode="graph": f"launch {mode}")
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     row = bench.run_case(case, backends=["torch_ref", "stub"], device="cpu", dtype=torch.float32, bandwidth=1e12)
     assert timed == [("torch_ref", False), ("replay torch_ref", False), ("stub", False)]
     assert set(row.results) == {"torch_ref", "torch_ref captured", "stub"}

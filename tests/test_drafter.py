@@ -48,14 +48,15 @@ class _Sequences:
             self.ids.append(ids)
             self.caches.append(ref.cache)
 
-    def step(self, rows, commit=True):
-        """Every sequence brings ``rows[b]`` new rows; returns the reference Frontiers."""
+    def step(self, rows, commit=True, replay=False):
+        """Every sequence brings ``rows[b]`` new rows, drafted with ``draft`` (or ``replay``: the
+        captured step); returns the reference Frontiers."""
         feats = []
         for slot, n in enumerate(rows):
             self.ids[slot] = torch.cat([self.ids[slot], self._rand_ids(n)], dim=1)
             feats.append(self._rand_feats(n))
             self.d.stage(slot, feats[-1], self.ids[slot][0, -n:])
-        out = self.d.draft(len(rows), commit=commit)
+        out = (self.d.replay if replay else self.d.draft)(len(rows), commit=commit)
         caches = self.caches if self.w is not None else None
         refs = frontier_generate(self.cfg, feats, backend=self.backend, input_ids=self.ids, weights=self.w,
                                  cache=caches, padded=True, sampling=self.sampling)
@@ -274,23 +275,10 @@ def test_replays_equal_frontier_generate_over_steps(backend, dtype):
     w = _weights(backend, cfg, dtype=dtype, device="cuda")
     d = Drafter(cfg, w, backend=backend, max_batch=3, max_context=64, device="cuda", dtype=dtype)
 
-    class Replaying(_Sequences):
-        def step(self, rows, commit=True):
-            feats = []
-            for slot, n in enumerate(rows):
-                self.ids[slot] = torch.cat([self.ids[slot], self._rand_ids(n)], dim=1)
-                feats.append(self._rand_feats(n))
-                self.d.stage(slot, feats[-1], self.ids[slot][0, -n:])
-            out = self.d.replay(len(rows))
-            refs = frontier_generate(self.cfg, feats, backend=self.backend, input_ids=self.ids, weights=self.w,
-                                     cache=self.caches if self.w is not None else None, padded=True)
-            self.caches = [r.cache for r in refs]
-            return out, refs
-
-    seqs = Replaying(cfg, backend, d, w, seed=7)
+    seqs = _Sequences(cfg, backend, d, w, seed=7)
     seqs.prefill([9, 4, 13])
     for rows in ([2, 5, 1], [1, 1, 3], [4, 2, 2], [5, 5, 5]):
-        _, refs = seqs.step(rows)
+        _, refs = seqs.step(rows, replay=True)
         if backend == "torch_ref" and dtype != torch.float32:
             continue  # masked sums round differently: bf16 near-ties may resolve otherwise
         seqs.check(refs, exact_scores=backend == "triton")

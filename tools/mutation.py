@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
     "api": (["tests/test_api.py", *FAST], None),
     "request": (["tests/test_api.py", "tests/test_batch.py", *VALIDATION], None),
     "batch": (["tests/test_batch.py", *FAST], None),
+    "drafter": (["tests/test_drafter.py", *FAST], None),
     # The loading package is mostly file reading; its validation (the JSON files, shard names, the
     # head's config.json: dimensions and RoPE settings, how problems are reported) is what is
     # mutated, against the unit tests of those helpers (the end-to-end loads take seconds each).
