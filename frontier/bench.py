@@ -412,11 +412,11 @@ def static_drafter(setup, backend: str):
 def triton_kernel_only(setup, mode: str = "graph") -> None:
     """The triton backend's device work alone (no validation, no tree packing): one launch (or
     graph replay) for the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
-    from .backends.triton.launch import Drafter
+    from .backends.triton.launch import Launcher
     from .registry import get_backend
 
     be = get_backend("triton")
-    d: Drafter = be.drafter(setup.cfg, setup.dtype, torch.device(setup.device))
+    d: Launcher = be.drafter(setup.cfg, setup.dtype, torch.device(setup.device))
     if isinstance(setup, BatchCallSetup):
         seqs = setup.triton_seqs()
         d.alloc_outputs(len(seqs))
@@ -432,12 +432,12 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     """Per-phase ms of one persistent call, from the kernel's TIMING build: program 0 stamps the
     global timer after every grid barrier, so each phase's time includes its barrier. Summed
     over depths (context-step phases listed separately)."""
-    from .backends.triton.launch import Drafter
+    from .backends.triton.launch import Launcher
     from .registry import get_backend
 
     setup = CallSetup(case, device=device, dtype=dtype)
     be = get_backend("triton")
-    d: Drafter = be.drafter(setup.cfg, dtype, torch.device(device))
+    d: Launcher = be.drafter(setup.cfg, dtype, torch.device(device))
     ids = setup.ids[0, 1:]
     d.alloc_outputs()
     runs = []
@@ -471,7 +471,7 @@ def entry_name(code: int) -> str:
 
 def phase_totals(schedule: list[int], runs: list[list[float]]) -> dict[str, float]:
     """ms per phase of a TIMING run: the median over ``runs`` of each schedule entry's µs (as
-    ``Drafter.step_times_us`` returns them), summed over depths per phase name; context-step
+    ``Launcher.step_times_us`` returns them), summed over depths per phase name; context-step
     phases are listed separately as ``"ctx <phase>"``."""
     per: dict[str, float] = {}
     for code, us in zip(schedule, (statistics.median(x) for x in zip(*runs))):

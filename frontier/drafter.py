@@ -157,16 +157,46 @@ class Drafter:
     ) -> None:
         if not isinstance(cfg, FrontierConfig):
             raise InputError(f"cfg must be a FrontierConfig, got {type(cfg).__name__}")
-        self.backend, impl = resolve_backend(backend, fallback)
-        weights = resolve_weights(weights, None, None)
-        for name, value, low in (("max_batch", max_batch, 1), ("max_context", max_context, 1),
-                                 ("max_new_rows", max_new_rows if max_new_rows is not None else cfg.depth + 2, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InputError(f"{name} must be an int >= {low}, got {name}={value!r}")
+        max_new_rows = cfg.depth + 2 if max_new_rows is None else max_new_rows
+        for name, value in (("max_batch", max_batch), ("max_context", max_context), ("max_new_rows", max_new_rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be an int >= 1, got {name}={value!r}")
         if not isinstance(sampling, bool):
             raise InputError(f"sampling must be True or False, got sampling={sampling!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InputError(f"seed must be an int, got seed={seed!r}")
+        self.backend, impl = resolve_backend(backend, fallback)
+        if not callable(getattr(impl, "static_drafter", None)):
+            impl, options = self._fall_back(fallback, "it has no static_drafter"), {}
+        weights = resolve_weights(weights, None, None)
+        self.cfg, self.sampling, self.seed = cfg, sampling, seed
+        self.max_batch, self.max_context, self.max_new_rows = max_batch, max_context, max_new_rows
+        self._place(impl, weights, device, dtype)
+        try:
+            self._impl = self._start(impl, options)
+        except InputError as exc:  # e.g. a head shape triton does not run
+            if not fallback or self.backend == "torch_ref" or self.weights is None:
+                raise
+            self._impl = self._start(self._fall_back(True, str(exc)), {})
+        self._warm: set = set()  # batch sizes whose draft has run once (compiled, buffers allocated)
+        self._graphs: dict = {}  # (batch, commit) -> torch.cuda.CUDAGraph
+        self._views: list[Optional[dict]] = [None] * max_batch  # frontier(slot)'s output views
+
+    # -- construction --------------------------------------------------------------------------
+    def _fall_back(self, fallback: bool, why: str) -> Any:
+        """torch_ref in place of a backend that cannot draft from static buffers (``fallback``),
+        with a warning; InputError otherwise."""
+        if not fallback:
+            raise InputError(f"backend {self.backend!r} cannot draft from static buffers ({why}); "
+                             "pass fallback=True for torch_ref, or use frontier_generate")
+        warnings.warn(f"backend {self.backend!r} cannot draft from static buffers ({why}); falling back to "
+                      "'torch_ref'", RuntimeWarning, stacklevel=_caller_level())
+        self.backend = "torch_ref"
+        return get_backend("torch_ref")
+
+    def _place(self, impl: Any, weights: Any, device: Any, dtype: Optional[torch.dtype]) -> None:
+        """The weights (checked against the config), device and dtype the backend drafts with."""
+        cfg = self.cfg
         self.requires_weights = bool(getattr(impl, "requires_weights", False))
         if self.requires_weights:
             if not isinstance(weights, DraftWeights):
@@ -184,27 +214,16 @@ class Drafter:
             if device.type == "cuda" and device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             dtype = dtype or torch.float32
-        self._check_backend_supports(impl, device, dtype)
-        self.cfg, self.weights, self.sampling, self.seed = cfg, weights, sampling, seed
-        self.device, self.dtype = device, dtype
-        self.max_batch, self.max_context = max_batch, max_context
-        self.max_new_rows = max_new_rows if max_new_rows is not None else cfg.depth + 2
+        self.weights, self.device, self.dtype = weights, device, dtype
+
+    def _start(self, impl: Any, options: dict) -> Any:
+        """The backend's static step over freshly allocated buffers and outputs."""
+        self._check_backend_supports(impl, self.device, self.dtype)
         self.buffers = self._alloc_buffers()
         self.outputs = self._alloc_outputs()
-        if not callable(getattr(impl, "static_drafter", None)):
-            if not fallback:
-                raise InputError(f"backend {self.backend!r} cannot draft from static buffers (it has no "
-                                 "static_drafter); pass fallback=True for torch_ref, or use frontier_generate")
-            warnings.warn(f"backend {self.backend!r} cannot draft from static buffers; falling back to 'torch_ref'",
-                          RuntimeWarning, stacklevel=_caller_level())
-            self.backend, impl, options = "torch_ref", get_backend("torch_ref"), {}
         self.options = dict(options)
-        self._impl = impl.static_drafter(self, **self.options)
-        self._warm: set = set()  # batch sizes whose draft has run once (compiled, buffers allocated)
-        self._graphs: dict = {}  # (batch, commit) -> torch.cuda.CUDAGraph
-        self._views: list[Optional[dict]] = [None] * max_batch  # frontier(slot)'s output views
+        return impl.static_drafter(self, **self.options)
 
-    # -- construction --------------------------------------------------------------------------
     def _check_backend_supports(self, impl: Any, device: torch.device, dtype: torch.dtype) -> None:
         devices, dtypes = tuple(getattr(impl, "devices", ())), tuple(getattr(impl, "dtypes", ()))
         if devices and device.type not in devices:
@@ -325,9 +344,10 @@ class Drafter:
         advance = torch.where(bad, torch.zeros_like(st.n), st.n)  # [b] rows that count
         if commit:
             self.buffers.lengths[:batch].add_(advance)
-            self.buffers.pending[:batch].zero_()
+            self.buffers.pending.zero_()
         else:
             self.buffers.pending[:batch].copy_(advance)
+            self.buffers.pending[batch:].zero_()  # a later commit() adds this step's rows only
 
     def stage_inputs(self, batch: int) -> StagedInputs:
         """The step's inputs clamped into range, with a per-slot flag for whatever was not
@@ -361,16 +381,24 @@ class Drafter:
         self.buffers.pending.zero_()
 
     def rollback(self, lengths: Any, slots: Any = None) -> None:
-        """Move committed lengths back: ``lengths`` an int or a device tensor (one per slot in
-        ``slots``, default every slot); a slot never grows here (min with its current length)."""
-        cur = self.buffers.lengths if slots is None else self.buffers.lengths[self._slots(slots)]
-        new = torch.as_tensor(lengths, dtype=torch.int64, device=self.device).expand_as(cur)
-        new = torch.minimum(cur, new.clamp(min=0))
-        if slots is None:
-            self.buffers.lengths.copy_(new)
+        """Move committed lengths back: ``lengths`` an int or a tensor (one per slot of ``slots``,
+        default every slot); a slot never grows here (min with its current length), and its
+        pending rows are dropped. With no ``slots`` or a device tensor of slot indices, and an int
+        or a device tensor of lengths, these are device ops only (capturable)."""
+        b = self.buffers
+        idx = None if slots is None else self._slots(slots)
+        cur = b.lengths if idx is None else b.lengths[idx]
+        if isinstance(lengths, torch.Tensor):
+            new = lengths.to(device=self.device, dtype=torch.int64).expand_as(cur).clamp(min=0)
         else:
-            self.buffers.lengths[self._slots(slots)] = new
-        self.buffers.pending.zero_()
+            new = torch.full_like(cur, max(0, int(lengths)))  # a fill, not a host-to-device copy
+        new = torch.minimum(cur, new)
+        if idx is None:
+            b.lengths.copy_(new)
+            b.pending.zero_()
+        else:
+            b.lengths[idx] = new
+            b.pending[idx] = 0
 
     def reset(self, slots: Any = None) -> None:
         """Empty slots (default all): length 0, for a new sequence."""
@@ -378,18 +406,27 @@ class Drafter:
 
     def keep_slots(self, slots: Any) -> None:
         """Move slots ``slots`` to the front, in that order (slot i takes slot ``slots[i]``'s
-        cache, length and staging) and empty the rest: a batch whose finished sequences leave it.
-        A host call with a host-to-device copy, not part of a captured step."""
+        cache, length, pending rows and staging) and empty the rest: a batch whose finished
+        sequences leave it. A host call (slots in increasing order are copied in place, one slot
+        at a time; any other order through a copy of the kept slots), not part of a captured step."""
         order = [self._slot(s) for s in slots]
+        if len(set(order)) != len(order):
+            raise InputError(f"slots must be distinct, got {order}")
         n = len(order)
         b = self.buffers
-        if order != list(range(n)):
+        if order == sorted(order):  # each kept slot moves forward (or stays): copied once, in place
+            for i, src in enumerate(order):
+                if i != src:
+                    self.kv[:, i].copy_(self.kv[:, src])
+                    for t in (b.features, b.token_ids, b.new_rows, b.lengths, b.pending):
+                        t[i].copy_(t[src])
+        else:
             idx = torch.tensor(order, dtype=torch.long, device=self.device)
             self.kv[:, :n] = self.kv.index_select(1, idx)
-            for t in (b.features, b.token_ids, b.new_rows, b.lengths):
+            for t in (b.features, b.token_ids, b.new_rows, b.lengths, b.pending):
                 t[:n] = t.index_select(0, idx)
         b.lengths[n:] = 0
-        b.pending.zero_()
+        b.pending[n:] = 0
 
     def warmup(self, batch: Optional[int] = None) -> None:
         """Run a draft of ``batch`` slots once without committing (kernels compile, scratch is

@@ -130,6 +130,46 @@ def test_uncommitted_draft_then_commit_or_discard(backend):
 
 
 @pytest.mark.parametrize("backend", ["stub", "torch_ref"])
+def test_pending_rows_are_per_slot(backend):
+    """A smaller uncommitted draft leaves no stale pending rows in the slots it did not draft; a
+    rollback or reset drops only its own slots' pending rows; keep_slots moves them with the slot."""
+    cfg = random_config(**CFG)
+    w = _weights(backend, cfg)
+    d = Drafter(cfg, w, backend=backend, max_batch=3, max_context=32, device="cpu")
+    seqs = _Sequences(cfg, backend, d, w, seed=9)
+    seqs.prefill([4, 6, 8])
+    seqs.step([1, 2, 3], commit=False)
+    assert d.buffers.pending.tolist() == [1, 2, 3]
+    d.draft(2, commit=False)
+    assert d.buffers.pending.tolist() == [1, 2, 0]
+    d.rollback(torch.tensor([0]), slots=torch.tensor([0]))
+    assert d.buffers.pending.tolist() == [0, 2, 0] and d.buffers.lengths.tolist() == [0, 6, 8]
+    d.keep_slots([1, 2])
+    assert d.buffers.pending.tolist() == [2, 0, 0] and d.buffers.lengths.tolist() == [6, 8, 0]
+    d.commit()
+    assert d.buffers.lengths.tolist() == [8, 8, 0]
+    with pytest.raises(InputError, match="distinct"):
+        d.keep_slots([1, 1])
+
+
+def test_keep_slots_moves_caches_and_drafting_goes_on():
+    cfg = random_config(**CFG)
+    w = _weights("torch_ref", cfg)
+    d = Drafter(cfg, w, backend="torch_ref", max_batch=3, max_context=32, device="cpu")
+    seqs = _Sequences(cfg, "torch_ref", d, w, seed=10)
+    seqs.prefill([5, 9, 7])
+    seqs.step([2, 1, 3])
+    d.keep_slots([0, 2])  # sequence 1 left the batch
+    seqs.ids, seqs.caches = [seqs.ids[0], seqs.ids[2]], [seqs.caches[0], seqs.caches[2]]
+    _, refs = seqs.step([3, 2])
+    seqs.check(refs)
+    d.keep_slots([1, 0])  # any order (through a copy)
+    seqs.ids, seqs.caches = seqs.ids[::-1], seqs.caches[::-1]
+    _, refs = seqs.step([1, 4])
+    seqs.check(refs)
+
+
+@pytest.mark.parametrize("backend", ["stub", "torch_ref"])
 def test_rollback_then_redraft_equals_a_truncated_cache(backend):
     cfg = random_config(**CFG)
     w = _weights(backend, cfg)
@@ -242,6 +282,16 @@ def test_constructor_and_argument_errors():
     with pytest.raises(InputError, match="max_context"):
         d.prefill(0, torch.zeros(1, 20, cfg.feature_size), torch.zeros(1, 21, dtype=torch.long))
     assert d.buffers.lengths.tolist() == [0, 0]
+
+
+def test_a_head_triton_cannot_run_falls_back_when_asked():
+    cfg = random_config(total_token=20, depth=1, top_k=17, vocab_size=48, target_vocab_size=80)
+    w = random_weights(cfg, seed=0)
+    with pytest.raises(InputError, match="top_k <= 16"):
+        Drafter(cfg, w, backend="triton", device="cpu")
+    with pytest.warns(RuntimeWarning, match="top_k <= 16.*falling back to 'torch_ref'"):
+        d = Drafter(cfg, w, backend="triton", device="cpu", fallback=True)
+    assert d.backend == "torch_ref" and d.options == {}
 
 
 def test_a_backend_without_static_drafting_is_refused_or_falls_back():

@@ -109,7 +109,7 @@ def test_failed_call_leaves_cache_unchanged():
 
 def test_pack_weights_option_picks_a_drafter_without_packed_copies():
     """Option ``pack_weights=False`` drafts with a drafter that streams the weights as they are
-    (no packed copies: ``Drafter.packed_bytes`` 0) and the same trees bit for bit; a value that
+    (no packed copies: ``Launcher.packed_bytes`` 0) and the same trees bit for bit; a value that
     is not a bool is refused by name, and the cache is left as it was."""
     cfg = random_config(total_token=10, depth=2, top_k=3)
     w = random_weights(cfg, seed=5, device=DEVICE)
@@ -307,7 +307,7 @@ def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypa
     cache = fr.cache
     length = cache.length
     k0, v0 = cache.k[:, :, :length].clone(), cache.v[:, :, :length].clone()
-    original = launch.Drafter.run_batch
+    original = launch.Launcher.run_batch
 
     def failing_run(self, *args, **kwargs):
         def hook(step):
@@ -317,7 +317,7 @@ def test_failure_midway_through_the_schedule_leaves_the_cache_as_it_was(monkeypa
         kwargs["step_hook"] = hook
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(launch.Drafter, "run_batch", failing_run)
+    monkeypatch.setattr(launch.Launcher, "run_batch", failing_run)
     with pytest.raises(RuntimeError, match="injected failure"):
         frontier_generate(cfg, feats[:, 5:], backend="triton", input_ids=ids, weights=w, cache=cache, mode="steps")
     assert cache.length == length
@@ -396,23 +396,23 @@ def test_wide_launch_context_tile_matches_torch_ref(arch, seed, monkeypatch):
     and on the wide tile otherwise (the kernel chooses at run time): a first call of 21+ new rows
     (the wide tile) and later calls of at most 15 (the small one), each sequence as torch_ref
     drafts it alone."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, seed + 1, batch=3, lo=7, hi=12)
     tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, ctx_rows=2)
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    d = Launcher(cfg, torch.float32, torch.device(DEVICE), tn)
     c = d.plan(3).const
     assert c["BMP"] == 32 and c["BMC"] == 16 and c["BK_FCC"] >= 16
     calls = []
-    real = Drafter.run_batch
+    real = Launcher.run_batch
 
     def run_batch(self, weights, sq, *a, **kw):
         calls.append(sum(x.n for x in sq))
         return real(self, weights, sq, *a, **kw)
 
-    monkeypatch.setattr(Drafter, "run_batch", run_batch)
+    monkeypatch.setattr(Launcher, "run_batch", run_batch)
     _drafting_with(monkeypatch, d)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     assert calls[0] > 16 and all(n <= 16 for n in calls[1:])  # the wide tile, then the small one
@@ -433,20 +433,20 @@ def test_context_step_builds_of_its_own_match_torch_ref(arch, seed, monkeypatch)
     three calls."""
     import frontier.backends.triton.launch as launch
     from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56, hidden_size=64,
                        num_attention_heads=8)  # (4 query heads per KV head: 4 lanes a row)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=7)
     wide = dict(bm_max=32, wide_bm=32, wide_acc_elems=512)
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(**wide))
+    d = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(**wide))
     p = d.plan(3)
     c = p.const
     assert p.wide and p.fused and c["LM_WIDE"] and c["BM"] + c["BM2"] > 16 and c["BLOCK_Q"] == 32
     assert c["FOLD_O"] > 1 and c["FOLD_D"] > 1
     assert set(p.ctx_const) == {Phase.GATEUP, Phase.LMHEAD, Phase.MERGE, Phase.ATTN_F}
-    assert not Drafter(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow, split attention
+    assert not Launcher(cfg, torch.float32, torch.device(DEVICE)).plan(1).ctx_const  # narrow, split attention
     real = launch.drafter_kernel
     seen = []
 
@@ -480,13 +480,13 @@ def test_batched_attention_over_tree_keys_of_several_blocks_matches_torch_ref(mo
     depth 7, top_k 9: 72 against 64), and each sequence of a ragged batch must still draft what
     torch_ref drafts for it alone. The grid is the interpreter's 2 programs on a GPU too: a batch
     of 3 takes the fused attention only where its items fill the grid."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     depth, top_k = (5, 4) if INTERPRET else (7, 9)
     cfg = random_config(total_token=20, depth=depth, top_k=top_k, vocab_size=56, target_vocab_size=100)
     w = random_weights(cfg, seed=57, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, 58, batch=3, lo=2, hi=9)
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=2))
+    d = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=2))
     p = d.plan(3)
     assert p.fused and (cfg.depth + 1) * cfg.top_k > p.const["BLOCK_NF"]
     _drafting_with(monkeypatch, d)
@@ -511,14 +511,14 @@ def _draft_tuned(cfg, w, seqs, tn, mode="steps", timing=0):
     """One launch (``mode``: "steps", or "persistent" on a GPU, with ``timing`` stamps) of the
     ragged batch ``seqs`` (fresh caches) with tuning ``tn``: the drafter and (tokens, parents,
     scores, the SeqCalls with their caches)."""
-    from frontier.backends.triton.launch import Drafter
+    from frontier.backends.triton.launch import Launcher
 
-    d = Drafter(cfg, w.dtype, torch.device(DEVICE), tn)
+    d = Launcher(cfg, w.dtype, torch.device(DEVICE), tn)
     return d, _launch_on(d, cfg, w, seqs, mode, timing)
 
 
 def _with_consts(d, batch, **const):
-    """Drafter ``d`` with its plan for ``batch`` changed by hand (constants of code paths that
+    """Launcher ``d`` with its plan for ``batch`` changed by hand (constants of code paths that
     both exist in the kernel, e.g. 64-bit keys where the plan picks 32-bit ones)."""
     import dataclasses
 
@@ -644,7 +644,7 @@ def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
     launch plan must carry each depth, and the k-chunks the depths choose must not change what
     is drafted (a tiny shared-memory budget forces different chunks per phase here; other
     chunks sum each dot in another order, so the new cache rows agree to fp32 rounding)."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.backends.triton.tuning import slab
 
     tn = Tuning()
@@ -656,9 +656,9 @@ def test_each_stream_sizes_its_k_chunk_for_its_own_pipeline_depth():
         prev = bk
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     deep = Tuning(lin_stages=2, gu_stages=6, lm_stages=5, smem_bytes=24576)
-    c = Drafter(cfg, torch.float32, torch.device(DEVICE), deep).plan(3).const
+    c = Launcher(cfg, torch.float32, torch.device(DEVICE), deep).plan(3).const
     assert (c["ST_LIN"], c["ST_GU"], c["ST_LM"]) == (2, 6, 5)
-    assert c["BK_GU"] < Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning()).plan(3).const["BK_GU"]
+    assert c["BK_GU"] < Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning()).plan(3).const["BK_GU"]
     w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 44, batch=3, lo=3, hi=9)
     _assert_same_launch(_draft_tuned(cfg, w, seqs, Tuning())[1], _draft_tuned(cfg, w, seqs, deep)[1])
@@ -679,13 +679,13 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     4 must draft the unfolded launch's trees and cache rows (to fp32 rounding: the dots sum in
     another order), and the default tuning torch_ref's trees; the plan folds only where a fold
     keeps 16 columns and the folded accumulator stays small."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _fold_config(arch)
     w = random_weights(cfg, seed=53, lm_head_scale=6.0, device=DEVICE)
     seqs, g = _ragged(cfg, 54, batch=2, lo=3, hi=9)
     # the plan checks pin the interpreter's grid of 2 (slab heights, and so the folds, follow the grid)
-    plans = {f: Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=f, grid=2)).plan(2).const
+    plans = {f: Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=f, grid=2)).plan(2).const
              for f in (1, 2, 4)}
     assert all(plans[1][k] == 1 for k in ("FOLD_FC", "FOLD_O", "FOLD_D"))
     for f in (2, 4):
@@ -695,7 +695,7 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
         assert c["FOLD_D"] == f and c["FOLD_O"] == f  # this config folds the tree depths' o_proj and down
     # a fold that does not fit steps down to the largest power of two that does: down's 128-column
     # chunks keep 16 columns up to a fold of 8, whose accumulator (8^2 x 32 x 16) is too big
-    big = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=64, grid=2)).plan(2).const
+    big = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(lin_fold=64, grid=2)).plan(2).const
     assert (big["BK_D"], big["BNS_D"], big["BMP"], big["FOLD_D"]) == (128, 32, 16, 4)
     base = _draft_tuned(cfg, w, seqs, Tuning(lin_fold=1))[1]
     for f in (2, 4):  # (scores near 2 differ by up to 1.3e-5 in the eagle2 head)
@@ -703,7 +703,7 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
     # a wide launch (many rows) keeps the fc on the tree rows' tile unfolded; its unsplit o_proj and
     # down serve only the context step's one row per sequence (the tree depths split K) on a tile of
     # BMP_B rows, and fold as a narrow launch of that tile does
-    wide = Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16, grid=2)).plan(2)
+    wide = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(wide_bm=16, grid=2)).plan(2)
     c = wide.const
     assert wide.wide and c["SPLITK"] and c["BMP_B"] == 16 and c["FOLD_FC"] == 1
     assert (c["FOLD_O"], c["FOLD_D"]) == (plans[4]["FOLD_O"], plans[4]["FOLD_D"]) == (4, 4)
@@ -715,13 +715,13 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
     where their activation tile has 64 rows or more (batch 9 x top_k 4 = 36 rows here), and only
     if every folded stream's stages then fit in shared memory; otherwise, and at 16-row tiles,
     they keep the linear phases' depth."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _fold_config()
     seen = set()
     for smem in (225280, 120000, 90000):
         tn = Tuning(smem_bytes=smem, grid=2)  # the interpreter's grid (slab heights follow the grid)
-        d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+        d = Launcher(cfg, torch.float32, torch.device(DEVICE), tn)
         narrow = d.plan(2).const
         assert narrow["BMP"] == 16 and narrow["FOLD_D"] == 4 and narrow["ST_FOLD"] == narrow["ST_LIN"] == 3
         c = d.plan(9).const
@@ -730,7 +730,7 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
         assert c["ST_FOLD"] == (4 if fits else 3)
         seen.add(c["ST_FOLD"])
     assert seen == {3, 4}  # 90 KB cannot hold four 64-column stages of 32 + 64 fp32 rows
-    assert Drafter(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None, grid=2)).plan(9).const["ST_FOLD"] == 3
+    assert Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None, grid=2)).plan(9).const["ST_FOLD"] == 3
 
 
 @pytest.mark.gpu
@@ -754,7 +754,7 @@ def test_gpu_deeper_folded_pipeline_drafts_alike(seed):
 
 @pytest.mark.parametrize("seed", [61, pytest.param(73, marks=pytest.mark.slow)])
 def test_wide_rows_in_two_tiles_match_one_padded_tile_and_torch_ref(seed):
-    """Wide launches cover the tree rows with two power-of-two tiles (``Drafter.row_tiles``):
+    """Wide launches cover the tree rows with two power-of-two tiles (``Launcher.row_tiles``):
     6 sequences x top_k 6 = 36 rows as 32 + 16 instead of one 64-row tile, so every weight chunk
     meets two accumulators (QKV / o_proj / down split-K partials, gate/up, the wide lm_head's
     logits). The tokens and tree must be torch_ref's for each sequence drafted alone. The context step's unsplit o_proj and down
@@ -813,15 +813,15 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
                                 cache=DraftCache.fresh(cfg, context_length=16, dtype=w.dtype, device=DEVICE))
         assert torch.equal(ref.draft_tokens.reshape(-1).cpu(), outs[1][0][b].cpu())
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
-    from frontier.backends.triton.launch import Drafter
+    from frontier.backends.triton.launch import Launcher
 
-    small = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, acc_elems=512))
+    small = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, acc_elems=512))
     rp, bns, _ = small.qkv_ahead_slab(2)  # 2 free programs, 16-row sub-slabs
     assert rp > bns and not small.qkv_ahead(2)  # two sub-slabs per slab: off
     eagle2 = random_config(architecture="eagle2")
-    assert not Drafter(eagle2, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(2)
-    assert not Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(6)  # 18 rows > BM 16
-    wide = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, BM=32, wide_bm=32))
+    assert not Launcher(eagle2, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(2)
+    assert not Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12)).qkv_ahead(6)  # 18 rows > BM 16
+    wide = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, BM=32, wide_bm=32))
     assert not wide.qkv_ahead(2)  # a wide launch splits K in its QKV (and PREP3 must write both halves)
 
 
@@ -871,13 +871,13 @@ def test_pdl_lets_a_launch_start_early_unless_it_would_crowd_a_weight_stream():
     most ``pdl_max_grid`` programs) - then after its work (PDL 2). Off on a CPU and under the
     interpreter."""
     from frontier.backends.triton.kernels import Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config()
     # a weight stream before a stream, before a small launch, before a full-grid one; the last
     sched = [(Phase.GATEUP, 12), (Phase.DOWN, 12), (Phase.SELECT, 1), (Phase.LMHEAD, 12), (Phase.MERGE, 12),
              (Phase.QKV, 12), (Phase.ROPE, 3), (Phase.FINAL, 1)]
-    d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, pdl=True, pdl_max_grid=4))
+    d = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=12, pdl=True, pdl_max_grid=4))
     d.schedule_list = [ph * 256 for ph, _ in sched]
     d.step_grid_list = [g for _, g in sched]
     d.n_steps = len(sched)
@@ -934,14 +934,14 @@ def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed)
     from any program (2 and 5) - and each sequence's count of merged rows is back at 0 after
     every call."""
     from frontier.backends.triton.kernels import Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, target_vocab_size=110, hidden_size=32,
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32))
-    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
+    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32))
+    off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
     assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
         _assert_same_launch(_launch_on(off, cfg, w, seqs), _launch_on(on, cfg, w, seqs))
@@ -986,7 +986,7 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     counter), another head's weights replace them and take them along when freed, and a batch
     whose rows need a wider tile streams the row-major weights. Small
     pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.backends.triton.plan import pack_slabs
 
     over = dict(target_vocab_size=110) if arch == "eagle3" else {}
@@ -996,8 +996,8 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
     small = dict(grid=grid, stage_bytes=1024)  # k-chunks of 16 columns: two or more per row
-    on = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small))
-    off = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**small, pack_weights=False))
+    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(**small))
+    off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(**small, pack_weights=False))
     p = on.plan(1)
     assert p.pack and p.const["PACK_W"] and not off.plan(1).pack
     assert p.const["BK_GU"] == p.const["BK_LM"] == 16
@@ -1016,7 +1016,7 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
         assert on._packed["gate"][4] is not kept["gate"] and on._packed["lm_head"][4] is kept["lm_head"]
     finally:
         lw.gate_proj.div_(1.5)
-    wide = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=16, bm_max=64)).plan(8)
+    wide = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=16, bm_max=64)).plan(8)
     assert not wide.pack and not wide.const["PACK_W"]  # 24 tree rows: a 32-row tile
     other = random_weights(cfg, seed=seed + 2, device=DEVICE)  # another head: its own copies, freed with it
     _launch_on(on, cfg, other, seqs)
@@ -1031,14 +1031,14 @@ def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():
     (``LaunchPlan.qh``: eagle3 at the batch-1 tile), and the schedule drops SELECT's entries
     exactly there; wide launches keep SELECT's own phase."""
     from frontier.backends.triton.kernels import Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     for arch in ("eagle3", "eagle2"):
         cfg = random_config(architecture=arch, total_token=14, depth=3, top_k=3, vocab_size=70,
                             target_vocab_size=110 if arch == "eagle3" else 70, hidden_size=32, num_attention_heads=4,
                             num_key_value_heads=2)
         w = random_weights(cfg, seed=7, device=DEVICE)
-        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64))
+        d = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=12, BM=16, wide_bm=64))
         seen = set()
         for batch in (1, 2, 6, 11):
             p = d.plan(batch)
@@ -1060,7 +1060,7 @@ def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits
     call's rows do nothing. Under the interpreter: step launches whose per-row phases get
     programs for 16 rows, for a ragged batch of fewer new rows, draft the same bits as launches
     sized for its rows."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(total_token=12, depth=2, top_k=3, vocab_size=60, target_vocab_size=90, hidden_size=32,
                         num_attention_heads=4, num_key_value_heads=2)
@@ -1069,13 +1069,13 @@ def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits
     assert sum(feats.shape[1] for _, feats in seqs) < 16
     _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=16))
     grids = []
-    real = Drafter.step_grid
+    real = Launcher.step_grid
 
     def wide_rows(self, code, nb, n_rows):
         grids.append(real(self, code, nb, 16))
         return grids[-1]
 
-    monkeypatch.setattr(Drafter, "step_grid", wide_rows)
+    monkeypatch.setattr(Launcher, "step_grid", wide_rows)
     _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=16))
     assert 16 in grids  # the context step's per-row phases got programs past the call's rows
     _assert_same_bits(a, b)
@@ -1086,21 +1086,21 @@ def test_context_rows_of_wide_launches_get_their_own_tile():
     down, so the unsplit forms run only in the context step, over one row per sequence: their
     tile is the batch's (16 / 64 rows, not the tree rows' 256) and their k-chunks follow from it
     (512 / 256 columns, was 128). Narrow launches keep one tile for both."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.bench import BenchCase
 
     cfg = BenchCase(preset="eagle3-llama3.1-8b", depth=7).config()
-    d = Drafter(cfg, torch.bfloat16, torch.device("cpu"), Tuning(grid=132))
+    d = Launcher(cfg, torch.bfloat16, torch.device("cpu"), Tuning(grid=132))
     got = {nb: tuple(d.plan(nb).const[k] for k in ("BMP", "BMP_B", "BK_O", "BK_D")) for nb in (1, 4, 16, 64)}
     assert got == {1: (16, 16, 512, 512), 4: (64, 64, 256, 256), 16: (256, 16, 512, 512), 64: (256, 64, 256, 256)}
     assert d.plan(16).wide and not d.plan(4).wide
 
 
 def test_row_tiles_cover_the_tree_rows_with_less_padding():
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(top_k=10)
-    d = Drafter(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2))
+    d = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2))
     assert d.row_tiles(1) == (16, 0)  # narrow: one tile
     assert d.row_tiles(4) == (64, 0)
     assert d.row_tiles(16) == (128, 32)  # 160 rows, not 256
@@ -1139,12 +1139,12 @@ def test_gpu_wide_context_step_builds_match_torch_ref(arch, mode, seed, monkeypa
     alone: a ragged batch of 12 (120 tree rows: a wide launch), on a grid of 48 so that the
     medium head's 2 KV heads take the fused attention, over three calls, on two seeds."""
     from frontier.backends.triton.kernels import Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _medium_config(arch)
     w = random_weights(cfg, seed=seed, device="cuda", lm_head_scale=6.0)
     seqs, g = _ragged(cfg, seed + 1, batch=12, lo=20, hi=60)
-    d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning(grid=48))
+    d = Launcher(cfg, torch.float32, torch.device("cuda"), Tuning(grid=48))
     p = d.plan(12)
     assert p.wide and p.fused and set(p.ctx_const) == {Phase.GATEUP, Phase.LMHEAD, Phase.MERGE, Phase.ATTN_F}
     assert p.const["FOLD_O"] > 1 and p.const["FOLD_D"] > 1
@@ -1203,7 +1203,7 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
     arguments come twice, and replays it after: calls 1-2 launch directly (the second also
     captures), calls 3-5 replay. Every call must give the direct launch's tree, scores and cache
     rows, and the returned outputs must not be the graph's fixed buffers."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.cache import DraftCache
 
     cfg = _medium_config(arch)
@@ -1212,7 +1212,7 @@ def test_gpu_persistent_graph_replays_the_direct_launch(arch):
     ids, feats = ids.cuda(), feats.cuda()
     runs = {}
     for graph in (False, True):
-        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning())
+        d = Launcher(cfg, torch.float32, torch.device("cuda"), Tuning())
         if not graph:
             d.graph_error = "direct launches only"  # (how a drafter that failed to capture goes on)
         cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
@@ -1237,7 +1237,7 @@ def test_gpu_one_graph_serves_every_new_row_count(arch):
     call sequence (the cache growing by a different number of rows each call) captures one graph
     in mode='graph' and one cooperative-launch graph in mode='persistent', and every replay drafts
     the direct persistent launch's tree, scores and cache rows."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.cache import DraftCache
 
     cfg = _medium_config(arch)
@@ -1247,7 +1247,7 @@ def test_gpu_one_graph_serves_every_new_row_count(arch):
     chunks = [24, 3, 1, 5, 2, 5]  # new rows per call; c grows by each
     runs = {}
     for name, mode in [("direct", "persistent"), ("pgraph", "persistent"), ("graph", "graph")]:
-        d = Drafter(cfg, torch.float32, torch.device("cuda"), Tuning())
+        d = Launcher(cfg, torch.float32, torch.device("cuda"), Tuning())
         if name == "direct":
             d.graph_error = "direct launches only"  # (how a drafter that failed to capture goes on)
         cache = DraftCache.fresh(cfg, context_length=40, dtype=w.dtype, device="cuda")
@@ -1329,17 +1329,17 @@ def test_cache_with_strided_rows_is_refused_and_left_unchanged():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_alignment_is_declared_only_when_the_launcher_proves_it(dtype):
     """The kernel declares the QKV weight rows and the caches' K/V offsets 16-byte aligned (vector
-    loads) only when ``Drafter.vec16`` proves it: an aligned head and cache give 16 bytes' worth of
+    loads) only when ``Launcher.vec16`` proves it: an aligned head and cache give 16 bytes' worth of
     elements, a cache view one element off, or a head_dim whose rows are not 16-byte multiples, give 1
     for the cache."""
-    from frontier.backends.triton.launch import Drafter
+    from frontier.backends.triton.launch import Launcher
     from frontier.cache import DraftCache
 
     el = torch.empty((), dtype=dtype).element_size()
 
     def vec(cfg, cache):
         w = random_weights(cfg, seed=0, dtype=dtype)
-        return Drafter(cfg, dtype, torch.device("cpu")).vec16(w.layers[0], [cache.k, cache.v])
+        return Launcher(cfg, dtype, torch.device("cpu")).vec16(w.layers[0], [cache.k, cache.v])
 
     cfg = random_config()  # head_dim 8
     fresh = DraftCache.fresh(cfg, context_length=8, dtype=dtype, device="cpu")
@@ -1487,17 +1487,17 @@ def test_div_rn_by_matches_division():
 def test_launches_pin_fp_fusion(monkeypatch):
     """Every launch asks for contracted multiply-adds explicitly: the bits and timings measured so
     far were compiled that way, and Triton 3.10 turns its default off."""
-    from frontier.backends.triton.launch import Drafter
+    from frontier.backends.triton.launch import Launcher
 
     seen = []
     for path in ("_launch_steps", "_persistent_launch", "_persistent_graphed", "_capture"):
-        real = getattr(Drafter, path)
+        real = getattr(Launcher, path)
 
         def spy(self, args, const, grid, *rest, _real=real):
             seen.append(const.get("enable_fp_fusion"))
             return _real(self, args, const, grid, *rest)
 
-        monkeypatch.setattr(Drafter, path, spy)
+        monkeypatch.setattr(Launcher, path, spy)
     cfg = random_config()
     w = random_weights(cfg, seed=1, device=DEVICE)
     ids, feats = random_inputs(cfg, context=4, seed=2)
@@ -1647,14 +1647,14 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     of a 56-entry vocabulary): each sequence of a ragged batch drafts what torch_ref drafts for
     it alone, over three calls, with the context step's own builds (its register lm_head keeps
     its partials, and its MERGE reads those)."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _arch_config(arch, 120, total_token=14, depth=3, top_k=8, vocab_size=56)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     from frontier.backends.triton.kernels import Phase
 
     tn = Tuning(bm_max=32, wide_bm=32, wide_acc_elems=512, split_rows=64, merge_chunk=32)
-    d = Drafter(cfg, torch.float32, torch.device(DEVICE), tn)
+    d = Launcher(cfg, torch.float32, torch.device(DEVICE), tn)
     p = d.plan(3)
     assert p.wide and p.const["MG_ROWS"] and p.const["BV_MG"] == 16 and not p.const["KEY32_MG"]
     assert p.ctx_const.get(Phase.MERGE) == dict(MG_ROWS=False)
@@ -1662,7 +1662,7 @@ def test_wide_launch_merge_rows_match_torch_ref(arch, seed, monkeypatch):
     seqs, g = _ragged(cfg, seed + 1, batch=3, lo=2, hi=9)
     _batch_vs_single(cfg, w, seqs, g, DEVICE, calls=3)
     big = _arch_config(arch, 70000, vocab_size=70000)  # (past 65536: the lm_head keeps its own statistics)
-    assert not Drafter(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
+    assert not Launcher(big, torch.float32, torch.device(DEVICE), tn).plan(3).const["MG_ROWS"]
 
 
 def test_merge_keys_and_row_grids_draft_the_same_bits():
@@ -1672,7 +1672,7 @@ def test_merge_keys_and_row_grids_draft_the_same_bits():
     2-program grid), MERGE and the final norm too unless they stream the next QKV; the plan
     turns the 32-bit keys off for fp32 and for vocabularies past 65536."""
     from frontier.backends.triton.kernels import CONTEXT_STEP, Phase
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=47, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
@@ -1680,7 +1680,7 @@ def test_merge_keys_and_row_grids_draft_the_same_bits():
     nb, rows = len(seqs), len(seqs) * cfg.top_k
     outs = []
     for key32 in (False, True):
-        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning())
+        d = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning())
         assert d.plan(nb).const["KEY32_MG"]
         if not key32:
             _with_consts(d, nb, KEY32_MG=False)
@@ -1698,7 +1698,7 @@ def test_merge_keys_and_row_grids_draft_the_same_bits():
 
     def key32(dtype, vocab):
         c = random_config(vocab_size=vocab, target_vocab_size=vocab)
-        return Drafter(c, dtype, torch.device("cpu"), Tuning(grid=2)).plan(1).const["KEY32_MG"]
+        return Launcher(c, dtype, torch.device("cpu"), Tuning(grid=2)).plan(1).const["KEY32_MG"]
 
     assert key32(torch.bfloat16, 65536) and key32(torch.float16, 300)
     assert not key32(torch.float32, 300) and not key32(torch.bfloat16, 65537)
@@ -1710,7 +1710,7 @@ def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
     lm_head's 32-bit ranking keys (the plan's KEY16_LM) as with 64-bit ones (set by hand): a
     wide launch (logits scratch, statistics from there) of 5 sequences, and a narrow one of 2
     whose slabs are one sub-slab (the keys of the accumulator in registers)."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(total_token=18, depth=2, top_k=4, vocab_size=90, target_vocab_size=150)
     w = random_weights(cfg, seed=43, lm_head_scale=6.0, device=DEVICE, dtype=torch.float16)
@@ -1719,7 +1719,7 @@ def test_fp16_launch_with_32_bit_lm_keys_matches_64_bit_keys(wide):
     outs = []
     for key32 in (False, True):
         over = dict(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64) if wide else {}
-        d = Drafter(cfg, w.dtype, torch.device(DEVICE), Tuning(**over))
+        d = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(**over))
         c = d.plan(nb).const
         assert c["KEY16_LM"] and c["LM_WIDE"] == wide
         assert wide or c["BNP_LM"] <= c["BNS_LM"]  # the narrow lm_head's one sub-slab
@@ -1748,12 +1748,12 @@ def test_silu_rn_matches_div_rn(dtype):
 def test_32_bit_lm_keys_only_for_16_bit_dtypes_and_slabs_they_can_index():
     """The 32-bit keys hold a slab-local index in 16 bits: the plan turns them off for fp32 and
     for slabs wider than 65536 rows (a 70000-token vocabulary on one program), and on otherwise."""
-    from frontier.backends.triton.launch import Drafter, Tuning
+    from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = random_config(vocab_size=70000, target_vocab_size=70000)
 
     def key16(dtype, grid, **over):
-        return Drafter(cfg, dtype, torch.device("cpu"), Tuning(grid=grid, **over)).plan(1).const["KEY16_LM"]
+        return Launcher(cfg, dtype, torch.device("cpu"), Tuning(grid=grid, **over)).plan(1).const["KEY16_LM"]
 
     assert key16(torch.float16, 2) and key16(torch.bfloat16, 2)
     assert not key16(torch.float16, 1)

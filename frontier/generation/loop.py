@@ -61,9 +61,9 @@ class SpeculativeGenerator:
         weights, sampling, layout) cannot be set here.
     static: draft through a :class:`~frontier.Drafter` whose step is captured once and replayed
         (True), with one ``frontier_generate`` call per step (False), or (None, the default) the
-        Drafter wherever it helps: a CUDA target, a backend that drafts from static buffers (the
-        built-ins), ``padded=True`` and no draft option but ``tuning``/``pack_weights``. The
-        Drafter is kept between ``generate`` calls (its cache sized for the longest so far).
+        Drafter where it helps: the triton backend on a CUDA target, ``padded=True`` and no draft
+        option but ``tuning``/``pack_weights``. The Drafter is kept between ``generate`` calls
+        (its cache sized for the longest so far).
 
     The hooks that capture the target's features are attached for the duration of each
     :meth:`generate` call only.
@@ -371,14 +371,15 @@ class SpeculativeGenerator:
 
     def _check_static(self, static: Optional[bool], impl: Any) -> bool:
         """``static``: draft through a :class:`~frontier.Drafter` (True), one call per step (False), or
-        (None) a Drafter wherever it helps: a CUDA target, a backend that drafts from static
-        buffers, padded trees and no draft option but the Drafter's own."""
+        (None) a Drafter where it helps: the triton backend on a CUDA target, padded trees, no
+        draft option but the Drafter's own, one device. (torch_ref, the reference, keeps its
+        per-call path unless asked: its fixed-shape step rounds some sums differently.)"""
         if static is not None and not isinstance(static, bool):
             raise InputError(f"static must be True, False or None, got static={static!r}")
         own = set(self.draft_options) <= set(STATIC_OPTIONS)
         if static is None:
-            return bool(supports_static(impl) and self.runner.device.type == "cuda" and self.padded and own
-                        and self.tp_group is None)
+            return bool(self.backend == "triton" and supports_static(impl) and self.runner.device.type == "cuda"
+                        and self.padded and own and self.tp_group is None)
         if static:
             if not supports_static(impl):
                 raise InputError(f"static=True: backend {self.backend!r} cannot draft from static buffers")

@@ -4,8 +4,9 @@
 Each slot's context is the whole K/V storage (S rows) with the rows past its length masked, and
 its new rows are all R staged rows with those past ``n`` masked; lengths and row counts stay on
 the device. Masked keys get the same additive mask as the public EAGLE code (their softmax
-weight is exactly 0), but the softmax and ``@ v`` now sum over more (zero) terms, which may
-round differently in the last bit: trees equal :mod:`.draft`'s except at near-ties.
+weight is exactly 0), but the softmax and ``@ v`` sum over more (zero) terms than
+:mod:`.draft`'s, and the projections run over R rows rather than n, which may round differently
+in the last bit: trees equal :mod:`.draft`'s except at near-ties.
 """
 
 from __future__ import annotations

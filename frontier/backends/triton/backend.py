@@ -66,7 +66,7 @@ class TritonBackend(Backend):
         that streams the weights as they are (no packed copies, none of their memory)."""
         import dataclasses
 
-        from .launch import Drafter
+        from .launch import Launcher
         from .tuning import Tuning
 
         device = torch.device(device)
@@ -77,7 +77,7 @@ class TritonBackend(Backend):
         with self._lock:
             d = self._drafters.get(key)
             if d is None:
-                d = Drafter(cfg, dtype, device, tuning)
+                d = Launcher(cfg, dtype, device, tuning)
                 self._drafters[key] = d
         return d
 

@@ -39,7 +39,7 @@ def num_sms(device: torch.device) -> int:
     return _GRID_CACHE[idx]
 
 
-class Drafter(LaunchPlanner):
+class Launcher(LaunchPlanner):
     """Launch state for one (config, dtype, device): workspace, rotary tables, schedules, packed
     weight copies and captured graphs."""
 
@@ -74,6 +74,9 @@ class Drafter(LaunchPlanner):
         self._graph_outs: dict = {}
         self._two_fit: dict = {}  # whether two programs of a step build fit on one SM, by build
         self._packed: dict = {}  # Tuning.pack_weights: role -> (source ref, its version, rp, bk, packed copy)
+        # captured graphs outlive a call (frontier.Drafter): then a copy is kept per (role, rp, bk)
+        # and a weight changed in place is repacked into the same memory, never freed
+        self.pin_packed = False
 
     # ------------------------------------------------------------------------------------------
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
@@ -84,18 +87,23 @@ class Drafter(LaunchPlanner):
         when its source tensor is freed. (A change written through ``w.data`` does not move
         ``w``'s version counter, so it is not seen: change weights in place on the tensor
         itself, e.g. ``copy_`` under ``torch.no_grad()``, or draft with ``pack_weights=False``.)"""
-        e = self._packed.get(role)
+        key = (role, rp, bk) if self.pin_packed else role
+        e = self._packed.get(key)
         if e is not None and e[0]() is w and e[1:4] == (w._version, rp, bk):
             return e[4]
-        self._packed.pop(role, None)
+        if self.pin_packed and e is not None and e[0]() is w:  # changed in place: repacked into the same memory
+            e[4].copy_(pack_slabs(w, self.grid, rp, bk))
+            self._packed[key] = (e[0], w._version, rp, bk, e[4])
+            return e[4]
+        self._packed.pop(key, None)
         t = pack_slabs(w, self.grid, rp, bk)
         packed = self._packed
 
-        def gone(ref, role=role):  # the source tensor was freed: so is its copy
-            if packed.get(role, (None,))[0] is ref:
-                del packed[role]
+        def gone(ref, key=key):  # the source tensor was freed: so is its copy
+            if packed.get(key, (None,))[0] is ref:
+                del packed[key]
 
-        packed[role] = (weakref.ref(w, gone), w._version, rp, bk, t)
+        packed[key] = (weakref.ref(w, gone), w._version, rp, bk, t)
         return t
 
     @property
@@ -523,4 +531,4 @@ class Drafter(LaunchPlanner):
             )
 
 
-__all__ = ["Drafter", "SeqCall", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]
+__all__ = ["Launcher", "SeqCall", "Tuning", "Workspace", "build_schedule", "interpreting", "num_sms"]

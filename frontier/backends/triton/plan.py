@@ -61,7 +61,7 @@ def block_sizes(cfg) -> dict:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """The batch-size-only part of a launch (``Drafter.plan``): ``wide`` (split-K phases, wide
+    """The batch-size-only part of a launch (``Launcher.plan``): ``wide`` (split-K phases, wide
     lm_head), ``fused`` (one attention phase), ``qh`` (the hidden-half QKV stream, ``qh_vec``: its
     rows 16-byte aligned), ``part_elems`` split-K scratch per tree row,
     the slab sizes, and the compile-time constants except

@@ -62,14 +62,14 @@ class Workspace:
         self.act = e(tr, cfg.intermediate_size)
         self.hout = e(tr, h)
         self.nf = e(tr, h)
-        # launches with Drafter.qkv_ahead (lazy, [mr, H] / [mr, q+k+v] fp32): the next depth's
+        # launches with Launcher.qkv_ahead (lazy, [mr, H] / [mr, q+k+v] fp32): the next depth's
         # hidden_norm rows and their QKV partials over the hidden half of its input
         self.xh: Optional[torch.Tensor] = None
         self.qh: Optional[torch.Tensor] = None
         self.tk = e(nkv, batch * self.sk, d)
         self.tv = e(nkv, batch * self.sk, d)
         # attention parts: per (sequence, KV head) NCH context chunks + one part per ancestor (up to
-        # depth + 1), each for BLOCK_Q queries; with NCH as ``Drafter.attn_chunks`` picks it, for
+        # depth + 1), each for BLOCK_Q queries; with NCH as ``Launcher.attn_chunks`` picks it, for
         # every B <= batch: B*nkv*(NCH + depth + 1) <= max((chunks + depth + 1)*B*nkv, grid + nkv*(depth + 2))
         parts = max((max(1, attn_chunks) + depth + 1) * batch * nkv, grid + nkv * (depth + 2)) * self.block_q
         self.apm = e(parts, dt=torch.float32)

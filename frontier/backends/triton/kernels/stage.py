@@ -75,25 +75,29 @@ def stage_kernel(new_rows_ptr, lengths_ptr, ids_in_ptr, feat_in_ptr, flag_ptr, k
 
 @triton.jit
 def finish_kernel(flag_ptr, score_ptr, new_rows_ptr, lengths_ptr, pending_ptr, invalid_ptr, leaf_ptr, leaf_out_ptr,
-                  par_ptr, par_out_ptr, R, T,
-                  COMMIT: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Program s: slot s is invalid when staging flagged it or a score is NaN/Inf; its n rows
-    count (``lengths += n``, or ``pending = n`` without COMMIT) only when it is valid. Copies the
+                  par_ptr, par_out_ptr, NB, R, T, COMMIT, BLOCK_T: tl.constexpr):
+    """Program s < NB: slot s is invalid when staging flagged it or a score is NaN/Inf; its n rows
+    count (``lengths += n`` when COMMIT, else ``pending = n``) only when it is valid. Copies the
     leaf count and the parents (root 0 first) into the drafter's output layout, and clears the
-    flag for the next step."""
+    flag for the next step. Programs s >= NB (slots this step did not draft) clear their
+    ``pending``, so that a later commit adds only this step's rows. (COMMIT is a run-time flag:
+    one compiled kernel serves both, so a warm-up of either prepares a capture of both.)"""
     s = tl.program_id(0)
-    t = tl.arange(0, BLOCK_T)
-    sc = tl.load(score_ptr + s * T + t, mask=t < T, other=0.0)
-    bad = (tl.load(flag_ptr + s) != 0) | (tl.max(((sc - sc) != 0).to(tl.int32)) != 0)
-    tl.store(flag_ptr + s, 0)
-    tl.store(invalid_ptr + s, bad.to(tl.int1))
-    n = _clamp(tl.load(new_rows_ptr + s), 1, R)
-    advance = tl.where(bad, 0, n)
-    if COMMIT:
-        tl.store(lengths_ptr + s, tl.load(lengths_ptr + s) + advance)
+    if s >= NB:
         tl.store(pending_ptr + s, 0)
     else:
-        tl.store(pending_ptr + s, advance)
-    tl.store(leaf_out_ptr + s, tl.load(leaf_ptr + s * 2))
-    par = tl.load(par_ptr + s * (T - 1) + t - 1, mask=(t >= 1) & (t < T), other=0)
-    tl.store(par_out_ptr + s * T + t, par, mask=t < T)
+        t = tl.arange(0, BLOCK_T)
+        sc = tl.load(score_ptr + s * T + t, mask=t < T, other=0.0)
+        bad = (tl.load(flag_ptr + s) != 0) | (tl.max(((sc - sc) != 0).to(tl.int32)) != 0)
+        tl.store(flag_ptr + s, 0)
+        tl.store(invalid_ptr + s, bad.to(tl.int1))
+        n = _clamp(tl.load(new_rows_ptr + s), 1, R)
+        advance = tl.where(bad, 0, n)
+        if COMMIT != 0:
+            tl.store(lengths_ptr + s, tl.load(lengths_ptr + s) + advance)
+            tl.store(pending_ptr + s, 0)
+        else:
+            tl.store(pending_ptr + s, advance)
+        tl.store(leaf_out_ptr + s, tl.load(leaf_ptr + s * 2))
+        par = tl.load(par_ptr + s * (T - 1) + t - 1, mask=(t >= 1) & (t < T), other=0)
+        tl.store(par_out_ptr + s * T + t, par, mask=t < T)
