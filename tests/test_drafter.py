@@ -112,10 +112,7 @@ def test_a_smaller_batch_drafts_the_leading_slots_only(backend_name):
 
 @pytest.mark.parametrize("backend", ["stub", "torch_ref"])
 def test_uncommitted_draft_then_commit_or_discard(backend):
-    cfg = random_config(**CFG)
-    w = _weights(backend, cfg)
-    d = Drafter(cfg, w, backend=backend, max_batch=2, max_context=32, device="cpu")
-    seqs = _Sequences(cfg, backend, d, w, seed=4)
+    d, seqs = _cpu_drafter(backend, max_batch=2, seed=4)
     seqs.prefill([6, 3])
     _, refs = seqs.step([2, 3], commit=False)
     assert d.buffers.lengths.tolist() == [6, 3] and d.buffers.pending.tolist() == [2, 3]
@@ -133,10 +130,7 @@ def test_uncommitted_draft_then_commit_or_discard(backend):
 def test_pending_rows_are_per_slot(backend):
     """A smaller uncommitted draft leaves no stale pending rows in the slots it did not draft; a
     rollback or reset drops only its own slots' pending rows; keep_slots moves them with the slot."""
-    cfg = random_config(**CFG)
-    w = _weights(backend, cfg)
-    d = Drafter(cfg, w, backend=backend, max_batch=3, max_context=32, device="cpu")
-    seqs = _Sequences(cfg, backend, d, w, seed=9)
+    d, seqs = _cpu_drafter(backend, max_batch=3, seed=9)
     seqs.prefill([4, 6, 8])
     seqs.step([1, 2, 3], commit=False)
     assert d.buffers.pending.tolist() == [1, 2, 3]
@@ -171,10 +165,8 @@ def test_keep_slots_moves_caches_and_drafting_goes_on():
 
 @pytest.mark.parametrize("backend", ["stub", "torch_ref"])
 def test_rollback_then_redraft_equals_a_truncated_cache(backend):
-    cfg = random_config(**CFG)
-    w = _weights(backend, cfg)
-    d = Drafter(cfg, w, backend=backend, max_batch=2, max_context=32, device="cpu")
-    seqs = _Sequences(cfg, backend, d, w, seed=5)
+    d, seqs = _cpu_drafter(backend, max_batch=2, seed=5)
+    w = seqs.w
     seqs.prefill([7, 5])
     seqs.step([3, 2])
     # roll slot 0 back by its last 3 rows and slot 1 by 1, as after a rejected verify
@@ -190,6 +182,14 @@ def test_rollback_then_redraft_equals_a_truncated_cache(backend):
     seqs.check(refs)
     d.reset([1])
     assert d.buffers.lengths.tolist() == [9, 0]
+
+
+def _cpu_drafter(backend, *, max_batch, seed, max_context=32):
+    """A CPU Drafter of ``max_batch`` slots on a random head, and the sequences that feed it."""
+    cfg = random_config(**CFG)
+    w = _weights(backend, cfg)
+    d = Drafter(cfg, w, backend=backend, max_batch=max_batch, max_context=max_context, device="cpu")
+    return d, _Sequences(cfg, backend, d, w, seed=seed)
 
 
 def _hostile_setup(backend):
