@@ -13,6 +13,12 @@ EAGLE-2 keys: ``fc.weight [H, 2H]``, ``fc.bias [H]``, ``layers.N.self_attn.*``,
 ``layers.N.mlp.*``, ``layers.N.post_attention_layernorm.weight``,
 ``layers.N.input_layernorm.weight`` (N >= 1 only), ``embed_tokens.weight``; the target's
 lm_head is passed separately (``lm_head=``).
+
+fp8 heads: any linear weight (``fc``, ``q/k/v/o_proj``, ``gate/up/down_proj``, ``lm_head``) may
+be float8_e4m3fn with a per-output-channel fp32 scale under ``<key>_scale`` (``fc.weight`` ->
+``fc.weight_scale [H]``), the layout fp8 serving checkpoints use. Its value is the dequantized
+weight ``(weight.float() * scale[:, None]).to(dtype)``: that is what the reference computes with
+and what the fused kernels reproduce. Embeddings, norms, biases stay in the activation dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +30,48 @@ import torch
 
 from .config import FrontierConfig, config_from_ea_layer, detect_architecture
 from .errors import WeightsError
+
+#: The fp8 weight format (e4m3, no infinities; 0x7F / 0xFF are NaN) and its largest finite value.
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def is_linear_key(key: str) -> bool:
+    """Whether a public key names a linear weight that the draft step streams (fp8-capable)."""
+    return key in ("fc.weight", "lm_head.weight") or key.endswith("_proj.weight")
+
+
+def scale_key(key: str) -> str:
+    """The public key of a linear weight's fp8 scale: ``fc.weight`` -> ``fc.weight_scale``."""
+    return key + "_scale"
+
+
+def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An fp8 weight [N, K] with per-row scales [N] as a ``dtype`` tensor: each element widened to
+    fp32, multiplied by its row's scale in fp32, rounded once to ``dtype``."""
+    return (w.to(torch.float32) * scale.to(torch.float32)[:, None]).to(dtype)
+
+
+def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, fp32 scale [N]) of a weight [N, K], one scale per output row.
+
+    The scale maps the row's largest magnitude onto the e4m3 range: ``absmax / 448``, rounded up
+    to a power of two by default. A power-of-two scale loses at most one binade at the bottom of
+    the range, and makes ``weight * scale`` exact in bf16 and fp32, so a kernel may apply the
+    scale to its fp32 accumulator instead of to every weight element and get the same bits.
+    An all-zero row gets scale 1."""
+    wf = w.detach().to(torch.float32)
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    if power_of_two:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = (wf / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale.contiguous()
+
+
+def fp8_nan(w: torch.Tensor) -> torch.Tensor:
+    """Whether an e4m3 tensor holds a NaN (its only non-finite value), read from the bits."""
+    return ((w.view(torch.uint8) & 0x7F) == 0x7F).any()
 
 
 def head_tensor_shapes(dims: Any) -> dict[str, tuple[int, ...]]:
@@ -85,18 +133,60 @@ class DraftWeights:
     hidden_norm: Optional[torch.Tensor] = None  # [H] (eagle3)
     norm: Optional[torch.Tensor] = None  # [H] final norm before lm_head (eagle3)
     d2t: Optional[torch.Tensor] = None  # [V] int64 offsets: target = draft + d2t[draft]
+    # fp8 linears: public weight key -> fp32 [out] scale (empty: no fp8 weight)
+    scales: dict[str, torch.Tensor] = field(default_factory=dict)
     # (target vocabulary, identity and version of every tensor) when their values last passed
     # check_values; an in-place write bumps a tensor's version and so forces a new check
     _values_ok: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     # --------------------------------------------------------------------------------------
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.dtype
+        """The activation (compute) dtype: the embedding's, which fp8 heads keep unquantized."""
+        return self.embed_tokens.dtype
 
     @property
     def device(self) -> torch.device:
         return self.lm_head.device
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether any linear weight is fp8 (e4m3 with per-output-channel scales)."""
+        return bool(self.scales)
+
+    def _stamp(self) -> tuple:
+        """Identity and version of every tensor: changes when one is replaced or written in place."""
+        return tuple((id(t), t._version) for _, t in self.state_dict().items())
+
+    def dequantized(self) -> "DraftWeights":
+        """The same head with every fp8 linear dequantized to the activation dtype
+        (:func:`dequantize_fp8`); ``self`` when it has none. Kept while no tensor changes."""
+        if not self.scales:
+            return self
+        stamp = self._stamp()
+        hit = self._memo.get("dequantized")
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        state = {k: v for k, v in self.tensors()}
+        for key, s in self.scales.items():
+            state[key] = dequantize_fp8(state[key], s, self.dtype)
+        out = DraftWeights.from_state_dict(state, architecture=self.architecture, where="dequantized weights")
+        self._memo["dequantized"] = (stamp, out)
+        return out
+
+    def quantized(self, *, power_of_two: bool = True) -> "DraftWeights":
+        """A copy with every linear weight in fp8 (:func:`quantize_fp8`, one scale per output
+        channel); embeddings, norms, biases and ``d2t`` are shared. Already-fp8 linears are kept."""
+        state = dict(self.tensors())
+        scales = dict(self.scales)
+        for key, t in list(state.items()):
+            if is_linear_key(key) and t.dtype != FP8:
+                state[key], scales[key] = quantize_fp8(t, power_of_two=power_of_two)
+        out = DraftWeights.from_state_dict(state, architecture=self.architecture, where="quantized weights")
+        out.scales = scales
+        return out
 
     def tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
         """(public key name, tensor) pairs."""
@@ -122,16 +212,24 @@ class DraftWeights:
         if self.d2t is not None:
             yield "d2t", self.d2t
 
+    def scale_items(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """(``<weight key>_scale``, fp32 [out]) of every fp8 linear, in ``tensors()`` order."""
+        for key, _ in self.tensors():
+            if key in self.scales:
+                yield scale_key(key), self.scales[key]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.tensors())
+        """Every tensor by public key, the fp8 scales under ``<weight key>_scale``."""
+        return dict(self.tensors()) | dict(self.scale_items())
 
     def to(self, device: Any = None, dtype: Optional[torch.dtype] = None) -> "DraftWeights":
-        """A copy moved/cast (floating tensors take ``dtype``; d2t stays int64)."""
+        """A copy moved/cast (floating tensors take ``dtype``; d2t stays int64; fp8 weights stay
+        fp8 and their scales fp32 - ``dtype`` is the activation dtype)."""
 
         def conv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             if t is None:
                 return None
-            if t.is_floating_point():
+            if t.is_floating_point() and t.dtype != FP8:
                 return t.to(device=device, dtype=dtype or t.dtype)
             return t.to(device=device)
 
@@ -146,11 +244,17 @@ class DraftWeights:
             hidden_norm=conv(self.hidden_norm),
             norm=conv(self.norm),
             d2t=conv(self.d2t),
+            scales={k: v.to(device=device) for k, v in self.scales.items()},
         )
 
+    def _scale_bytes(self, keys) -> int:
+        return sum(s.numel() * s.element_size() for k, s in self.scales.items() if k in keys)
+
     def layer_bytes(self) -> int:
-        """Bytes of the layer weights (all layers) plus the lm_head: what one depth streams."""
+        """Bytes of the layer weights (all layers) plus the lm_head, fp8 scales included: what
+        one depth streams."""
         total = self.lm_head.numel() * self.lm_head.element_size()
+        total += self._scale_bytes({k for k in self.scales if k != "fc.weight"})
         for layer in self.layers:
             for f in fields(LayerWeights):
                 t = getattr(layer, f.name)
@@ -163,7 +267,7 @@ class DraftWeights:
         return total
 
     def fc_bytes(self) -> int:
-        n = self.fc_weight.numel() * self.fc_weight.element_size()
+        n = self.fc_weight.numel() * self.fc_weight.element_size() + self._scale_bytes({"fc.weight"})
         if self.fc_bias is not None:
             n += self.fc_bias.numel() * self.fc_bias.element_size()
         return n
@@ -189,18 +293,40 @@ class DraftWeights:
                 raise WeightsError(
                     f"{where}: tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}"
                 )
+        scale_keys = {scale_key(k): k for k in self.scales}
         for key, t in have.items():
-            if key in expect or key == "d2t":
+            if key in expect or key == "d2t" or key in scale_keys:
                 continue
             raise WeightsError(f"{where}: unexpected tensor {key!r} for architecture {cfg.architecture!r}")
         dtype, device = self.dtype, self.device
+        if dtype == FP8 or not dtype.is_floating_point:
+            raise WeightsError(f"{where}: tensor 'embed_tokens.weight' is {dtype}; embeddings stay in the "
+                               "activation dtype (float32, float16 or bfloat16)")
+        for key in self.scales:
+            if key not in expect or not is_linear_key(key):
+                raise WeightsError(f"{where}: fp8 scale for {key!r}, which is not a linear weight of this head "
+                                   "(fc, q/k/v/o_proj, gate/up/down_proj, lm_head)")
         for key, t in have.items():
             if key == "d2t":
                 continue
-            if t.dtype != dtype:
-                raise WeightsError(f"{where}: tensor {key!r} is {t.dtype}, the rest of the head is {dtype}")
             if t.device != device:
                 raise WeightsError(f"{where}: tensor {key!r} is on {t.device}, the rest of the head on {device}")
+            if key in scale_keys:
+                w = scale_keys[key]
+                if t.dtype != torch.float32 or tuple(t.shape) != (expect[w][0],):
+                    raise WeightsError(f"{where}: fp8 scale {key!r} must be float32 of shape [{expect[w][0]}] "
+                                       f"(one per output channel of {w!r}), got {t.dtype} {list(t.shape)}")
+                continue
+            if t.dtype == FP8:
+                if key not in self.scales:
+                    raise WeightsError(f"{where}: tensor {key!r} is float8_e4m3fn but has no scale; fp8 weights need "
+                                       f"a float32 per-output-channel scale {scale_key(key)!r}")
+                continue
+            if t.dtype != dtype:
+                kind = " or float8_e4m3fn with a scale" if is_linear_key(key) else ""
+                raise WeightsError(f"{where}: tensor {key!r} is {t.dtype}, expected the activation dtype {dtype}{kind}")
+            if key in self.scales:
+                raise WeightsError(f"{where}: tensor {key!r} has an fp8 scale but is {t.dtype}, not float8_e4m3fn")
         if self.d2t is not None:
             if tuple(self.d2t.shape) != (v,):
                 raise WeightsError(f"{where}: tensor 'd2t' has shape {list(self.d2t.shape)}, expected [{v}]")
@@ -229,7 +355,7 @@ class DraftWeights:
         if self._values_ok == stamp:
             return self
         floats = [(key, t) for key, t in have if t.is_floating_point()]
-        flags = [torch.isfinite(t).all() for _, t in floats]
+        flags = [~fp8_nan(t) if t.dtype == FP8 else torch.isfinite(t).all() for _, t in floats]
         if self.d2t is not None:
             target = self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)  # [V] target ids
             flags.append(((target >= 0) & (target < target_vocab_size)).all())
@@ -237,6 +363,10 @@ class DraftWeights:
         for (key, _), good in zip(floats, ok):
             if not good:
                 raise WeightsError(f"{where}: tensor {key!r} holds non-finite values (NaN or +-Inf)")
+        bad_scales = [k for k, s in self.scales.items() if not bool((s > 0).all())]
+        if bad_scales:
+            raise WeightsError(f"{where}: fp8 scale {scale_key(bad_scales[0])!r} holds values <= 0; scales must be "
+                               "positive and finite")
         if self.d2t is not None and not ok[-1]:
             bad = int((~((target >= 0) & (target < target_vocab_size))).nonzero()[0])
             raise WeightsError(
@@ -304,7 +434,9 @@ class DraftWeights:
             hint = " (eagle2 heads use the target's lm_head: pass lm_head=)" if arch == "eagle2" else ""
             raise WeightsError(f"{where}: missing tensor 'lm_head.weight'{hint}")
         d2t = state.get("d2t")
+        scales = {k[: -len("_scale")]: v for k, v in state.items() if k.endswith(".weight_scale")}
         return cls(
+            scales=scales,
             architecture=arch,
             embed_tokens=emb,
             fc_weight=need("fc.weight"),
@@ -334,4 +466,5 @@ class DraftWeights:
         return cls.from_state_dict(state, architecture=arch, lm_head=None if head is None else head.detach(), where="ea_layer")
 
 
-__all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes"]
+__all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes",
+           "FP8", "FP8_MAX", "quantize_fp8", "dequantize_fp8", "is_linear_key", "scale_key"]

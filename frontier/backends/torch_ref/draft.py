@@ -132,8 +132,9 @@ def expand_depth(
 
 
 def draft_call(request) -> Frontier:
-    """The whole draft call for one sequence (a validated :class:`frontier.api.DraftRequest`)."""
-    cfg, w = request.cfg, request.weights
+    """The whole draft call for one sequence (a validated :class:`frontier.api.DraftRequest`).
+    An fp8 head drafts with its dequantized weights (``DraftWeights.dequantized``)."""
+    cfg, w = request.cfg, request.weights.dequantized()
     ids = request.input_ids[0, 1:]  # [L] the token paired with each hidden state
     big_l = ids.shape[0]
     cache = request.draft_cache()

@@ -28,7 +28,7 @@ class StaticTorchRef(StaticStep):
 
     def _draft_slot(self, b: int, c: torch.Tensor, n: torch.Tensor, ids: torch.Tensor, root: torch.Tensor) -> None:
         d = self.d
-        cfg, w, bufs = d.cfg, d.weights, d.buffers
+        cfg, w, bufs = d.cfg, d.weights.dequantized(), d.buffers
         r, s = d.max_new_rows, d.storage_rows
         dev = d.device
         layers = range(cfg.num_layers)
