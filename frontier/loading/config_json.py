@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
 from ..config import FrontierConfig
 from ..errors import ConfigError
-from ..weights import head_tensor_shapes
+from ..weights import head_tensor_shapes, is_linear_key
 from .files import _dt
 
 #: The ``architectures`` entry of a written config.json, as the public EAGLE configs name it.
@@ -50,27 +50,42 @@ class HeadDims:
         """Public key -> shape of every tensor of the head (embedding and lm_head included)."""
         return head_tensor_shapes(self)
 
-    def byte_counts(self, element_size: int) -> dict[str, int]:
+    def byte_counts(self, element_size: int, *, fp8: Iterable[str] = ()) -> dict[str, int]:
         """Bytes of the parameter groups at ``element_size`` bytes per weight.
 
-        ``per_depth``: what one forward of the draft layer streams (all layers, norms, lm_head) —
-        the same sum as :meth:`DraftWeights.layer_bytes`; ``fc``: read once per call (context
-        rows only); ``embedding``: not streamed (only the K rows of the frontier are gathered).
+        ``fp8``: the linear weight keys held in fp8 (e4m3): 1 byte per weight plus a 4-byte fp32
+        scale per output channel. ``per_depth``: what one forward of the draft layer streams (all
+        layers, norms, lm_head) — the same sum as :meth:`DraftWeights.layer_bytes`; ``fc``: read
+        once per call (context rows only); ``embedding``: not streamed (only the K rows of the
+        frontier are gathered).
         """
         shapes = self.expected_shapes()
-        n = {k: math.prod(s) for k, s in shapes.items()}
+        fp8 = set(fp8)
+        unknown = sorted(k for k in fp8 if k not in shapes or not is_linear_key(k))
+        if unknown:
+            raise ConfigError(f"fp8 keys {unknown} are not linear weights of this {self.architecture} head")
+
+        def size(key: str) -> int:
+            s = shapes[key]
+            return math.prod(s) + 4 * s[0] if key in fp8 else math.prod(s) * element_size
+
+        n = {k: size(k) for k in shapes}
         fc = n["fc.weight"] + n.get("fc.bias", 0)
         emb = n["embed_tokens.weight"]
         per_depth = sum(n.values()) - fc - emb
         lm = n["lm_head.weight"]
         return {
-            "per_depth": per_depth * element_size,
-            "layer": (per_depth - lm) * element_size,
-            "lm_head": lm * element_size,
-            "fc": fc * element_size,
-            "embedding": emb * element_size,
-            "total": sum(n.values()) * element_size,
+            "per_depth": per_depth,
+            "layer": per_depth - lm,
+            "lm_head": lm,
+            "fc": fc,
+            "embedding": emb,
+            "total": sum(n.values()),
         }
+
+    def linear_keys(self) -> list[str]:
+        """The keys of the head's linear weights (fc, q/k/v/o, gate/up/down, lm_head): the fp8-capable ones."""
+        return [k for k in self.expected_shapes() if is_linear_key(k)]
 
     def frontier_config(self, *, total_token: int, depth: int, top_k: int, **overrides: Any) -> FrontierConfig:
         data: dict[str, Any] = dict(
@@ -210,8 +225,23 @@ def _dims_from_config(cfg: Mapping[str, Any], arch: str, where: str, problems: l
     )
 
 
-def head_config_json(cfg: FrontierConfig, *, dtype: Optional[torch.dtype] = None) -> dict:
-    """config.json of a head in the published layout (field names as the public EAGLE configs)."""
+#: The ``quantization_config`` of a written fp8 head: e4m3 weights, one fp32 scale per output
+#: channel (``<linear>.weight_scale``), activations unquantized. Informative: the loader reads
+#: the format from the tensors themselves.
+FP8_QUANTIZATION_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "weight_scheme": "per-channel",
+    "weight_block_size": None,
+    "activation_scheme": "none",
+}
+
+
+def head_config_json(cfg: FrontierConfig, *, dtype: Optional[torch.dtype] = None, fp8: bool = False) -> dict:
+    """config.json of a head in the published layout (field names as the public EAGLE configs).
+
+    ``dtype``: the activation dtype (``torch_dtype``); ``fp8``: the head has fp8 linears, recorded
+    as :data:`FP8_QUANTIZATION_CONFIG` under ``quantization_config``."""
     cfg.require_layer_dims("save_draft_head")
     eagle3 = cfg.architecture == "eagle3"
     data: dict[str, Any] = {
@@ -246,4 +276,6 @@ def head_config_json(cfg: FrontierConfig, *, dtype: Optional[torch.dtype] = None
         data["bias"] = bool(cfg.fc_bias)
     if dtype is not None:
         data["torch_dtype"] = _dt(dtype)
+    if fp8:
+        data["quantization_config"] = dict(FP8_QUANTIZATION_CONFIG)
     return data

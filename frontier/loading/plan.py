@@ -5,6 +5,11 @@ the shapes its config implies, checks the EAGLE-3 vocabulary mapping (``d2t``/``
 finds the tensors the head does not ship (the embedding; the EAGLE-2 lm_head) in the target.
 Problems are collected in a :class:`_Plan` as fatal errors, strict-only issues and notes, so
 that a load can raise them all at once and ``describe_draft_head`` can list them.
+
+fp8 heads: a linear weight (:func:`frontier.weights.is_linear_key`) may be stored as
+float8_e4m3fn next to its float32 per-output-channel scale ``<key>_scale`` (shape ``[out]``).
+Such pairs are recorded in ``_Plan.fp8_keys`` and left out of the "one floating dtype" check;
+``stored_dtype`` is then the dtype of the other floating tensors (the activation dtype).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 
 from ..config import detect_architecture
 from ..errors import InputError, WeightsError
+from ..weights import FP8, is_linear_key, scale_key
 from .checkpoint import CheckpointFiles, TensorInfo
 from .config_json import HeadDims, _dims_from_config
 from .files import PathLike, _dt, _read_json, _read_json_file, _shape
@@ -54,7 +60,8 @@ class _Plan:
     embedding_source: str = ""
     lm_head: Optional[_External] = None
     lm_head_source: str = ""
-    stored_dtype: Optional[torch.dtype] = None
+    stored_dtype: Optional[torch.dtype] = None  # of the floating tensors other than fp8 linears and their scales
+    fp8_keys: set[str] = field(default_factory=set)  # head linears stored as float8_e4m3fn (with a valid scale)
     d2t: Optional[torch.Tensor] = None  # validated offsets (None: identity)
     d2t_summary: dict = field(default_factory=dict)
 
@@ -75,6 +82,70 @@ def _raise_problems(problems: list[str], path: Path) -> None:
     raise WeightsError(
         f"cannot load the draft head in {str(path)!r}: {len(problems)} problems:\n  " + "\n  ".join(shown) + more
     )
+
+
+def _is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a dtype is one of torch's 8-bit floating formats (e4m3fn, e5m2, ...)."""
+    return dtype.is_floating_point and torch.empty((), dtype=dtype).element_size() == 1
+
+
+def _is_scale_key(key: str) -> bool:
+    return key.endswith(".weight_scale")
+
+
+def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str, TensorInfo], arch: str) -> None:
+    """The fp8 layout: every float8_e4m3fn tensor is a linear weight with a float32 ``[out]``
+    scale ``<key>_scale``, and every scale belongs to such a weight. Records ``plan.fp8_keys``."""
+    for key, t in info.items():
+        if key not in expected or not _is_fp8(t.dtype) or (arch == "eagle2" and key == "lm_head.weight"):
+            continue  # (the eagle2 head's own lm_head is ignored: a strict issue)
+        where = f"head file {str(t.file)!r}: tensor {key!r}"
+        if t.dtype != FP8:
+            plan.errors.append(f"{where} is {_dt(t.dtype)}; fp8 weights must be float8_e4m3fn (e4m3) with a float32 scale")
+        elif not is_linear_key(key):
+            plan.errors.append(
+                f"{where} is float8_e4m3fn, expected a floating activation dtype (float32, float16 or bfloat16): "
+                "only linear weights (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) may be fp8; embeddings, norms "
+                "and biases stay in the activation dtype"
+            )
+        elif scale_key(key) not in info:
+            plan.errors.append(
+                f"{where} is float8_e4m3fn but the head has no scale for it: expected tensor {scale_key(key)!r} "
+                f"float32 {_shape(expected[key][:1])} (one per output channel), found none"
+            )
+        else:
+            plan.fp8_keys.add(key)
+    for skey, t in info.items():
+        if not _is_scale_key(skey):
+            continue
+        wkey = skey[: -len("_scale")]
+        where = f"head file {str(t.file)!r}: fp8 scale {skey!r}"
+        if wkey not in expected or not is_linear_key(wkey):
+            what = "is not a tensor of" if wkey not in expected else "is not a linear weight of"
+            plan.errors.append(
+                f"{where} belongs to {wkey!r}, which {what} an {arch} head with this config; fp8 scales belong to "
+                "linear weights (fc, q/k/v/o_proj, gate/up/down_proj, lm_head)"
+            )
+            plan.fp8_keys.discard(wkey)
+            continue
+        if arch == "eagle2" and wkey == "lm_head.weight" and wkey in info:
+            continue  # ignored together with the eagle2 head's own lm_head (a strict issue)
+        if wkey not in info:
+            plan.errors.append(f"{where} belongs to {wkey!r}, which the head does not ship (expected an fp8 "
+                               f"{_shape(expected[wkey])} weight beside it)")
+            continue
+        want = (expected[wkey][0],)
+        if t.dtype != torch.float32 or tuple(t.shape) != want:
+            plan.errors.append(
+                f"{where} has dtype {_dt(t.dtype)} and shape {_shape(t.shape)}, expected float32 {_shape(want)} "
+                f"(one per output channel of {wkey!r})"
+            )
+            plan.fp8_keys.discard(wkey)
+        if info[wkey].dtype != FP8:
+            plan.errors.append(
+                f"{where} belongs to {wkey!r}, which is {_dt(info[wkey].dtype)}, expected float8_e4m3fn (a scale "
+                "goes only with an fp8 weight)"
+            )
 
 
 def _weight_of(x: Any, name: str) -> torch.Tensor:
@@ -102,8 +173,11 @@ def _plan(
         raise InputError(f"path must be a local directory (str or os.PathLike), got {type(path).__name__}")
     if architecture not in (None, "eagle3", "eagle2"):
         raise InputError(f"architecture must be 'eagle3', 'eagle2' or None (detect from the keys), got {architecture!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise InputError(f"dtype must be a floating torch.dtype or None (keep the stored dtype), got {dtype!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and not _is_fp8(dtype)):
+        raise InputError(
+            f"dtype must be a floating torch.dtype or None (keep the stored dtype), got {dtype!r}; it is the activation "
+            "dtype - fp8 weights come from quantize='fp8' or from a head stored in fp8"
+        )
     if config_overrides is not None and not isinstance(config_overrides, Mapping):
         raise InputError(f"config_overrides must be a dict of config.json fields, got {type(config_overrides).__name__}")
     root = Path(path)
@@ -179,9 +253,10 @@ def _plan(
             f"head file {str(info['lm_head.weight'].file)!r}: unexpected tensor 'lm_head.weight' — eagle2 heads draft with "
             "the target's lm_head (pass target= or lm_head=); this tensor is ignored"
         )
+    _check_fp8(plan, expected, info, arch)
     known = set(expected) | {"d2t", "t2d"}
     for key, t in info.items():
-        if key in known or key.endswith(_IGNORED_SUFFIXES):
+        if key in known or key.endswith(_IGNORED_SUFFIXES) or _is_scale_key(key):
             continue
         plan.strict_issues.append(
             f"head file {str(t.file)!r}: unexpected tensor {key!r} {_shape(t.shape)} for an {arch} head with this "
@@ -194,8 +269,8 @@ def _plan(
                     f"head file {str(info[key].file)!r}: unexpected tensor {key!r} — eagle2 heads have no vocabulary mapping"
                 )
 
-    # --- dtype: one floating dtype across the head unless dtype= casts ------------------------
-    floats = [(k, t) for k, t in info.items() if k in expected and t.dtype.is_floating_point]
+    # --- dtype: one floating dtype across the head unless dtype= casts (fp8 linears aside) ------
+    floats = [(k, t) for k, t in info.items() if k in expected and t.dtype.is_floating_point and not _is_fp8(t.dtype)]
     if floats:
         counts: dict[torch.dtype, int] = {}
         for _, t in floats:
@@ -475,5 +550,8 @@ def _plan_externals(
                 f"{ext.where} ({label}) has shape {_shape(ext.shape)}, expected {_shape(expect)}"
                 + (f" — head/target {'; '.join(why)}" if why else "")
             )
-        elif not ext.dtype.is_floating_point:
-            plan.errors.append(f"{ext.where} ({label}) has dtype {_dt(ext.dtype)}, expected a floating dtype")
+        elif not ext.dtype.is_floating_point or _is_fp8(ext.dtype):
+            plan.errors.append(
+                f"{ext.where} ({label}) has dtype {_dt(ext.dtype)}, expected a floating activation dtype "
+                "(float32, float16 or bfloat16)"
+            )
