@@ -4,6 +4,10 @@ Reads config.json and the tensor headers only (plus d2t/t2d); the weights are no
 inspecting a multi-GB head is instant and needs no target model. Exit status: 0 when the head
 would load (``load_draft_head(..., strict=True)``), 1 when it has problems (printed), 2 when it
 cannot be read at all or a flag is wrong.
+
+The bytes and floor count linears stored in fp8 (float8_e4m3fn + ``<key>_scale``) at 1 byte per
+weight plus 4 per scale; an ``fp8 floor`` line gives the figure with every linear in fp8, and
+``--quantize fp8`` makes that the head's bytes and floor (as ``load_draft_head(quantize="fp8")``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "'stored' = as on disk (default bf16)")
     p.add_argument("--depth", type=positive_int, default=7, metavar="D", help="tree depth D for the floor (default 7)")
     p.add_argument("--architecture", choices=("eagle3", "eagle2"), default=None, help="override detection from the keys")
+    p.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="count the bytes and floor with every linear weight in fp8 e4m3 + fp32 per-channel scales, "
+                   "as load_draft_head(quantize='fp8') loads it (default: as stored)")
     p.add_argument(
         "--override",
         type=_override,
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         bandwidth_tbs=args.bandwidth_tbs,
         depth=args.depth,
         config_overrides=dict(args.override) or None,
+        quantize=args.quantize,
     )
     print(json.dumps(d, indent=2) if args.json else format_description(d))
     return 1 if d["problems"] else 0
