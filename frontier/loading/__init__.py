@@ -33,7 +33,11 @@ Behaviour where the public code is silent or lenient (documented choices):
 * A head that ships ``embed_tokens.weight`` uses it (as the public loader does, the head's own
   tensor wins over the target's); ``embed_tokens=`` given explicitly wins over both.
 * ``dtype=None`` keeps the head's stored floating dtype (which must be uniform); tensors taken
-  from the target are cast to it. ``dtype=...`` casts everything.
+  from the target are cast to it. ``dtype=...`` casts everything. fp8 linears aside: a linear
+  weight stored as float8_e4m3fn with its float32 ``<key>_scale`` ``[out]`` (the fp8 serving
+  layout) stays fp8, its scale fp32, and ``dtype`` is the activation dtype of the rest.
+  ``quantize="fp8"`` quantizes every other linear after the load (``DraftHead.quantization``
+  reports the streamed bytes before and after).
 * Tensors read from files are copied into fresh memory; the embedding / lm_head of a loaded
   target model (or given as ``embed_tokens=``/``lm_head=``) is shared, not copied, when its dtype
   and device already match (a 70B target's embedding is 2 GB).

@@ -2,7 +2,8 @@
 
 A load is planned from metadata first (:mod:`.plan`); only when no problem is left are the
 weights read, copied into fresh memory at the requested dtype and device, and validated as
-:class:`DraftWeights`.
+:class:`DraftWeights`. Linear weights stored in fp8 (float8_e4m3fn + float32 ``<key>_scale``)
+stay fp8; ``quantize="fp8"`` quantizes the others after the load.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..config import FrontierConfig
-from ..errors import ConfigError, WeightsError
-from ..weights import DraftWeights
+from ..errors import ConfigError, InputError, WeightsError
+from ..weights import DraftWeights, scale_key
 from .config_json import HeadDims
-from .describe import _describe, format_description
+from .describe import QUANTIZE_METHODS, _describe, _fp8_keys, format_description
 from .files import PathLike
 from .plan import _External, _plan, _raise_problems
 
@@ -37,13 +38,28 @@ class DraftHead:
     lm_head_source: str = ""
     vocab_mapping: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: What ``quantize=`` did (empty when the load quantized nothing): ``method`` ("fp8"),
+    #: ``quantized``/``kept`` (linear keys quantized / already fp8 on disk), ``scales``, and the
+    #: bytes of the streamed weights (fc + layers + norms + lm_head, fp8 scales included)
+    #: ``streamed_bytes_before`` / ``streamed_bytes_after`` / ``bytes_saved``.
+    quantization: dict = field(default_factory=dict)
 
     def config(self, total_token: int, depth: int, top_k: int, **overrides: Any) -> FrontierConfig:
         """The :class:`FrontierConfig` for drafting with this head at the given tree shape."""
         return self.dims.frontier_config(total_token=total_token, depth=depth, top_k=top_k, **overrides)
 
-    def describe(self, *, bandwidth_tbs: Optional[float] = None, depth: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> dict:
-        """What the head is (see :func:`describe_draft_head`); bytes at ``dtype`` (default: the loaded dtype)."""
+    def describe(
+        self,
+        *,
+        bandwidth_tbs: Optional[float] = None,
+        depth: Optional[int] = None,
+        dtype: Optional[torch.dtype] = None,
+        quantize: Optional[str] = None,
+    ) -> dict:
+        """What the head is (see :func:`describe_draft_head`); bytes at ``dtype`` (the activation
+        dtype, default: the loaded one) with the loaded fp8 linears at 1 byte per weight plus
+        their fp32 scales; ``quantize="fp8"``: the bytes with every linear in fp8."""
+        fp8 = _fp8_keys(self.dims, quantize, set(self.weights.scales))
         return _describe(
             path=self.path,
             source=self.source,
@@ -59,6 +75,9 @@ class DraftHead:
             warnings=list(self.warnings),
             bandwidth_tbs=bandwidth_tbs,
             depth=depth,
+            stored_fp8=set(self.weights.scales),
+            fp8_keys=fp8,
+            quantization=self.quantization,
         )
 
     def summary(self, **kwargs: Any) -> str:
@@ -76,6 +95,7 @@ def load_draft_head(
     device: Any = "cpu",
     strict: bool = True,
     config_overrides: Optional[Mapping[str, Any]] = None,
+    quantize: Optional[str] = None,
 ) -> DraftHead:
     """Load an EAGLE-3 or EAGLE-2 draft head from a local directory.
 
@@ -87,14 +107,22 @@ def load_draft_head(
         lazily) or a loaded Hugging Face model (``get_input_embeddings()``/``get_output_embeddings()``).
     embed_tokens / lm_head: those tensors given directly (they win over ``target``).
     architecture: 'eagle3' | 'eagle2' to override detection from the keys.
-    dtype: cast every floating tensor to it (None: keep the head's stored dtype).
+    dtype: the activation dtype: every floating tensor is cast to it except fp8 linears stored
+        as float8_e4m3fn, which stay fp8, and their float32 scales (None: the head's stored
+        dtype of the other floating tensors).
     device: where the weights go.
     strict: unexpected keys and suspicious vocabulary mappings are errors (else warnings).
     config_overrides: config.json fields replaced before reading it (e.g. ``{"rope_scaling": None}``).
+    quantize: None, or "fp8": after the load every linear weight (fc, q/k/v/o_proj,
+        gate/up/down_proj, lm_head - for eagle2 the target's) not already fp8 is quantized to
+        e4m3 with one power-of-two fp32 scale per output channel (:meth:`DraftWeights.quantized`);
+        embeddings, norms and biases stay in ``dtype``. ``DraftHead.quantization`` reports it.
 
     Raises :class:`WeightsError` naming file, key and expected vs found shape; nothing is
     returned or modified on failure.
     """
+    if quantize not in QUANTIZE_METHODS:
+        raise InputError(f"quantize must be one of {list(QUANTIZE_METHODS)}, got {quantize!r}")
     plan = _plan(
         path,
         target=target,
@@ -112,14 +140,15 @@ def load_draft_head(
     assert dims is not None and files is not None
     out_dtype = dtype or plan.stored_dtype or torch.float32
 
-    def own(t: torch.Tensor) -> torch.Tensor:
+    def own(t: torch.Tensor, to: torch.dtype = out_dtype) -> torch.Tensor:
         # Always a fresh, aligned allocation: never a view of an mmap'd file or of a caller's tensor
         # (an unaligned view can also send BLAS down a differently-rounding path).
-        out = t.to(device=device, dtype=out_dtype)
+        out = t.to(device=device, dtype=to)
         return out.clone() if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else out.contiguous()
 
     def get(key: str) -> torch.Tensor:
-        return own(files.load(key))
+        t = files.load(key)
+        return own(t, t.dtype) if key in plan.fp8_keys else own(t)
 
     def ext(e: _External) -> torch.Tensor:
         # A loaded target's embedding / lm_head is shared, not copied, when dtype and device match.
@@ -132,6 +161,8 @@ def load_draft_head(
         if dims.architecture == "eagle2" and key == "lm_head.weight":
             continue
         state[key] = get(key)
+        if key in plan.fp8_keys:
+            state[scale_key(key)] = own(files.load(scale_key(key)), torch.float32)
     if plan.d2t is not None:
         state["d2t"] = plan.d2t.to(device=device)
     weights = DraftWeights.from_state_dict(
@@ -141,10 +172,27 @@ def load_draft_head(
         lm_head=ext(plan.lm_head) if plan.lm_head is not None else None,
         where=f"head {str(plan.path)!r}",
     )
+    cfg = dims.frontier_config(total_token=2, depth=1, top_k=1)
     try:
-        weights.validate(dims.frontier_config(total_token=2, depth=1, top_k=1), where=f"head {str(plan.path)!r}")
+        weights.validate(cfg, where=f"head {str(plan.path)!r}")
     except ConfigError as exc:  # pragma: no cover - dims were checked above
         raise WeightsError(f"head {str(plan.path)!r}: {exc}") from None
+    quantization: dict = {}
+    if quantize == "fp8":
+        before = weights.fc_bytes() + weights.layer_bytes()
+        kept = [k for k in dims.linear_keys() if k in weights.scales]
+        weights = weights.quantized().validate(cfg, where=f"head {str(plan.path)!r} quantized to fp8")
+        after = weights.fc_bytes() + weights.layer_bytes()
+        quantization = {
+            "method": "fp8",
+            "format": "float8_e4m3fn",
+            "scales": "float32 per output channel, powers of two",
+            "quantized": [k for k in dims.linear_keys() if k not in kept],
+            "kept": kept,
+            "streamed_bytes_before": before,
+            "streamed_bytes_after": after,
+            "bytes_saved": before - after,
+        }
     return DraftHead(
         weights=weights,
         hf_config=dict(plan.hf_config),
@@ -156,4 +204,5 @@ def load_draft_head(
         lm_head_source=plan.lm_head_source,
         vocab_mapping=dict(plan.d2t_summary),
         warnings=tuple(plan.warnings(strict)),
+        quantization=quantization,
     )

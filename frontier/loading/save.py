@@ -1,4 +1,8 @@
-"""Writing a head in the published layout: config.json plus safetensors or .bin weights, optionally sharded."""
+"""Writing a head in the published layout: config.json plus safetensors or .bin weights, optionally sharded.
+
+fp8 linears are written as fp8 serving checkpoints store them: ``<linear>.weight`` float8_e4m3fn
+followed by ``<linear>.weight_scale`` float32 ``[out]``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import torch
 
 from ..config import FrontierConfig
 from ..errors import InputError
-from ..weights import DraftWeights
+from ..weights import DraftWeights, scale_key
 from .checkpoint import _safetensors
 from .config_json import head_config_json
 from .files import PathLike
@@ -53,6 +57,11 @@ def save_draft_head(
     default) leaves ``embed_tokens.weight`` out, as the published EAGLE-3 LLaMA heads do; the
     loader then needs ``target=``. The directory is written in a temporary sibling and moved in
     place, so a failed save leaves no partial head behind.
+
+    fp8 heads (:attr:`DraftWeights.is_fp8`) keep their fp8 linears bit for bit, each followed by
+    its float32 scale ``<key>_scale``; config.json records ``torch_dtype`` = the activation dtype
+    and, when an fp8 tensor is written, a ``quantization_config`` (fp8 e4m3, per-channel
+    scales). The eagle2 lm_head (the target's) is not written, fp8 or not.
     """
     if format not in ("safetensors", "bin"):
         raise InputError(f"format must be 'safetensors' or 'bin', got {format!r}")
@@ -61,7 +70,6 @@ def save_draft_head(
     if not isinstance(weights, DraftWeights):
         raise InputError(f"weights must be a frontier.DraftWeights, got {type(weights).__name__}")
     weights.validate(cfg, where="save_draft_head")
-    config = head_config_json(cfg, dtype=weights.dtype)
     dest = Path(path)
     if dest.exists() and not dest.is_dir():
         raise InputError(f"path {str(dest)!r} exists and is not a directory")
@@ -77,11 +85,14 @@ def save_draft_head(
         if key == "d2t":
             continue
         items.append((key, t.detach().to("cpu").contiguous().clone()))
+        if key in weights.scales:
+            items.append((scale_key(key), weights.scales[key].detach().to("cpu").contiguous().clone()))
     if cfg.architecture == "eagle3" and weights.d2t is not None:
         d2t = weights.d2t.detach().to("cpu", torch.int64).contiguous().clone()
         t2d = torch.zeros(cfg.target_vocab_size, dtype=torch.bool)
         t2d[torch.arange(cfg.vocab_size) + d2t] = True
         items += [("d2t", d2t), ("t2d", t2d)]
+    config = head_config_json(cfg, dtype=weights.dtype, fp8=any(k.endswith("_scale") for k, _ in items))
     if shards > len(items):
         raise InputError(f"shards={shards} exceeds the number of tensors to write ({len(items)})")
 
