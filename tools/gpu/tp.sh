@@ -6,19 +6,26 @@
 # draft/verify/other split, the oracle upper bound, the per-step cost of the ranks' agreement check
 # and what a rank-0 draft + broadcast would add per step. Writes $OUT/tp.json.
 #
-#   bash tools/gpu/tp.sh                      # 2 GPUs, 8B shape, triton
+#   bash tools/gpu/tp.sh                      # 2 GPUs, 8B shape, triton, bf16
+#   DTYPE=fp32 NEW_TOKENS=64 bash tools/gpu/tp.sh    # the same in fp32: the clean identity check
 #   TP=2 SHAPE=tiny BACKEND=torch_ref bash tools/gpu/tp.sh     # the CPU equivalent (gloo) on a CPU box
 #
-# The random target is built once on GPU 0 and saved under $TP_STORE (default /tmp/frontier-tp-8b,
-# 16 GB), then every rank loads its shards with tp_plan="auto"; a later call on the same machine
-# reuses it.
+# The random target is built once on GPU 0 and saved under $TP_STORE (default
+# /tmp/frontier-tp-<shape>-<dtype>, 16 GB for 8B in bf16), then every rank loads its shards with
+# tp_plan="auto"; a later call on the same machine reuses it.
+#
+# It also checks the target against itself: one forward over prompt + its own greedy output,
+# whose argmax at every position should give back the next token. Where it does not (bf16 near-ties:
+# a forward over many positions rounds differently from one-token decoding), a verify pass - a
+# forward over many positions too - may pick another token than `generate` with no fault in the
+# drafting; the report gives the first such position.
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 OUT=${OUT:-/tmp/frontier-tp-out}
 mkdir -p "$OUT"
-export TP=${TP:-2} SHAPE=${SHAPE:-8b} BACKEND=${BACKEND:-triton} NEW_TOKENS=${NEW_TOKENS:-128}
-export TP_STORE=${TP_STORE:-/tmp/frontier-tp-$SHAPE} OUT
+export TP=${TP:-2} SHAPE=${SHAPE:-8b} BACKEND=${BACKEND:-triton} NEW_TOKENS=${NEW_TOKENS:-128} DTYPE=${DTYPE:-bf16}
+export TP_STORE=${TP_STORE:-/tmp/frontier-tp-$SHAPE-$DTYPE} OUT
 export TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false
 [ -n "$(command -v nvidia-smi)" ] || export OMP_NUM_THREADS=1
 cat > "$OUT/tp_driver.py" <<'EOF'
@@ -49,7 +56,7 @@ if cuda:
 else:
     device = torch.device("cpu")
     dist.init_process_group("gloo")
-dtype = torch.bfloat16 if cuda else torch.float32
+dtype = torch.bfloat16 if cuda and os.environ["DTYPE"] == "bf16" else torch.float32
 tcfg_fields, head_preset, (T, D, K), p_len = SHAPES[shape]
 world = dist.get_world_size()
 log = print if rank == 0 else (lambda *a, **k: None)
@@ -65,7 +72,7 @@ def build_and_save():
     cfg = LlamaConfig(**tcfg_fields, max_position_embeddings=8192, tie_word_embeddings=False,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
-    torch.set_default_dtype(dtype)  # drawn in bf16 on the device: no fp32 copy (32 GB for 8B)
+    torch.set_default_dtype(dtype)  # drawn in the target dtype on the device: no second copy
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
@@ -119,8 +126,16 @@ def all_ranks(flag):
 with torch.no_grad():
     target.generate(prompt, max_new_tokens=4, **gkw)  # warm-up
     ref, dt_ref = timed(lambda: target.generate(prompt, max_new_tokens=n_new, **gkw))
+    # the target against itself: does one forward over its own output give back each next token?
+    logits = target(ref[:, :-1]).logits[0, p_len - 1:]
+    if hasattr(logits, "full_tensor"):
+        logits = logits.full_tensor()
+    own = logits.argmax(-1) == ref[0, p_len:]
+    self_diff = None if bool(own.all()) else int((~own).nonzero()[0, 0])
 report["target_generate_tok_s"] = n_new / dt_ref
-log(f"[tp] target.generate (TP, greedy): {n_new / dt_ref:.1f} tok/s", flush=True)
+report["target_forward_first_disagreement"] = self_diff
+log(f"[tp] target.generate (TP, greedy): {n_new / dt_ref:.1f} tok/s; the target's own forward over its output "
+    f"{'gives back every token' if self_diff is None else f'first disagrees at new token {self_diff}'}", flush=True)
 
 
 class Oracle(frontier.Backend):
