@@ -30,6 +30,10 @@ with its host work but no validation; ``triton kernel`` its device work alone. `
 captured`` is a :class:`frontier.Drafter`'s whole step (device-side staging, the draft, the
 validity flags) replayed as one CUDA graph, timed like a call (host included), and ``triton
 captured kernel`` the same replay's device time.
+
+Weights (``--weights plain,fp8``). ``plain`` times the head in the compute dtype; ``fp8`` the same
+head quantized (:meth:`DraftWeights.quantized`: e4m3, a power-of-two scale per output channel),
+whose floor counts one byte per weight plus the scales. Both run in one table, a row each.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class BenchCase:
     batch: int = 1
     head: Any = None  # a frontier.loading.DraftHead: time a real head instead of a random preset
     ragged: bool = False  # batch > 1: spread the sequences' contexts over context ± 25%
+    weights: str = "plain"  # "plain": the compute dtype; "fp8": quantized to e4m3 with per-channel scales
 
     def config(self) -> FrontierConfig:
         if self.head is not None:
@@ -115,6 +120,7 @@ class BenchRow:
     contexts: list[int] = field(default_factory=list)  # each sequence's context length
     kv_mb: float = 0.0  # cached K/V rows the call's forwards attend over (not in the floor)
     packed_mb: float = 0.0  # the triton drafter's packed weight copies after the run (Tuning.pack_weights)
+    weights: str = "plain"  # BenchCase.weights
 
     def pct(self, variant: str) -> float:
         return 100.0 * self.floor_ms / self.results[variant]
@@ -131,7 +137,8 @@ class BenchRow:
 def batch1_ratios(rows: list[BenchRow], row: BenchRow) -> dict[str, float]:
     """``row``'s ms per call over the batch-1 row's of the same preset and depth, per variant
     timed in both (empty when the run has no such batch-1 row)."""
-    base = next((r for r in rows if r.batch == 1 and r.preset == row.preset and r.depth == row.depth), None)
+    base = next((r for r in rows if r.batch == 1 and r.preset == row.preset and r.depth == row.depth
+                 and r.weights == row.weights), None)
     if base is None:
         return {}
     return {v: ms / base.results[v] for v, ms in row.results.items() if v in base.results}
@@ -246,11 +253,28 @@ def time_calls(fn, *, warmup: int = 5, reps: int = 50, device_only: bool = False
     return statistics.median(times)
 
 
+WEIGHTS = ("plain", "fp8")
+
+
 def bench_weights(case: BenchCase, cfg: FrontierConfig, *, device: Any, dtype: torch.dtype, seed: int) -> DraftWeights:
-    """The timed head: the loaded one when ``case.head`` is set, else random of the preset's shape."""
+    """The timed head: the loaded one when ``case.head`` is set, else random of the preset's shape;
+    quantized to fp8 when ``case.weights`` says so."""
+    if case.weights not in WEIGHTS:
+        raise InputError(f"weights must be one of {WEIGHTS}, got {case.weights!r}")
     if case.head is not None:
-        return case.head.weights.to(device=device, dtype=dtype)
-    return device_weights(cfg, device=device, dtype=dtype, seed=seed)
+        w = case.head.weights.to(device=device, dtype=dtype)
+    else:
+        w = device_weights(cfg, device=device, dtype=dtype, seed=seed)
+    return w.quantized() if case.weights == "fp8" else w
+
+
+def launcher(setup):
+    """The triton backend's drafter for a setup's head (its weight formats included)."""
+    from .backends.triton.fp8 import stream_formats
+    from .registry import get_backend
+
+    return get_backend("triton").drafter(setup.cfg, setup.dtype, torch.device(setup.device),
+                                         formats=stream_formats(setup.weights, setup.dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -360,7 +384,7 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
     contexts = case.contexts()
     row = BenchRow(case.preset, case.depth, case.batch, torch.cuda.get_device_name(device),
                    floor_ms=1e3 * fb / bandwidth, weight_mb=fb / 1e6, ragged=case.ragged and case.batch > 1,
-                   contexts=contexts, kv_mb=kv_bytes(setup.cfg, contexts, dtype) / 1e6)
+                   contexts=contexts, kv_mb=kv_bytes(setup.cfg, contexts, dtype) / 1e6, weights=case.weights)
     for name in backends:
         warmup, r = timing_reps(name, case.batch, reps)
         row.results[name] = time_calls(lambda: setup.call(name), warmup=warmup, reps=r)
@@ -381,9 +405,7 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
                                                                    device_only=True)
             del drafter
         if name == "triton":
-            from .registry import get_backend
-
-            row.packed_mb = get_backend("triton").drafter(setup.cfg, dtype, torch.device(device)).packed_bytes / 1e6
+            row.packed_mb = launcher(setup).packed_bytes / 1e6
     del setup
     torch.cuda.empty_cache()
     return row
@@ -412,11 +434,7 @@ def static_drafter(setup, backend: str):
 def triton_kernel_only(setup, mode: str = "graph") -> None:
     """The triton backend's device work alone (no validation, no tree packing): one launch (or
     graph replay) for the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
-    from .backends.triton.launch import Launcher
-    from .registry import get_backend
-
-    be = get_backend("triton")
-    d: Launcher = be.drafter(setup.cfg, setup.dtype, torch.device(setup.device))
+    d = launcher(setup)
     if isinstance(setup, BatchCallSetup):
         seqs = setup.triton_seqs()
         d.alloc_outputs(len(seqs))
@@ -432,12 +450,8 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     """Per-phase ms of one persistent call, from the kernel's TIMING build: program 0 stamps the
     global timer after every grid barrier, so each phase's time includes its barrier. Summed
     over depths (context-step phases listed separately)."""
-    from .backends.triton.launch import Launcher
-    from .registry import get_backend
-
     setup = CallSetup(case, device=device, dtype=dtype)
-    be = get_backend("triton")
-    d: Launcher = be.drafter(setup.cfg, dtype, torch.device(device))
+    d = launcher(setup)
     ids = setup.ids[0, 1:]
     d.alloc_outputs()
     runs = []
@@ -490,7 +504,7 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
             if v not in variants:
                 variants.append(v)
     head = f"device: {rows[0].device if rows else '?'}   copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read+write)\n"
-    cols = ["preset", "depth", "batch", "MB/call", "floor ms"]
+    cols = ["preset", "weights", "depth", "batch", "MB/call", "floor ms"]
     for v in variants:
         cols += [f"{v} ms", f"{v} %floor"]
     if "torch_ref" in variants:
@@ -499,7 +513,7 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
         cols += [f"{v} ms/seq" for v in variants] + [f"{v} x b1" for v in variants]
     lines = [cols]
     for r in rows:
-        line = [r.preset, str(r.depth), r.label, f"{r.weight_mb:.0f}", f"{r.floor_ms:.3f}"]
+        line = [r.preset, r.weights, str(r.depth), r.label, f"{r.weight_mb:.0f}", f"{r.floor_ms:.3f}"]
         for v in variants:
             if v in r.results:
                 line += [f"{r.results[v]:.3f}", f"{r.pct(v):.1f}%"]
@@ -519,7 +533,7 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
     widths = [max(len(l[i]) for l in lines) for i in range(len(cols))]
     out = [" | ".join(c.ljust(w) for c, w in zip(l, widths)) for l in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
-    packed = {r.preset: r.packed_mb for r in rows if r.packed_mb > 0}
+    packed = {f"{r.preset} {r.weights}": r.packed_mb for r in rows if r.packed_mb > 0}
     if packed:  # the memory the speed costs (extra to the head's weights)
         out.append("triton's packed weight copies (Tuning.pack_weights, kept per head): "
                    + ", ".join(f"{p} {mb:.0f} MB" for p, mb in packed.items()))
@@ -539,11 +553,16 @@ def check_batches(batches: Any) -> list[int]:
 def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dtype: torch.dtype = torch.bfloat16,
               reps: int = 50, json_path: Optional[str] = None, batches: Optional[list[int]] = None,
               breakdown: bool = False, context: int = 512, new_rows: int = 4, head: Any = None,
-              ragged: bool = False, persistent: bool = False, captured: bool = True) -> str:
+              ragged: bool = False, persistent: bool = False, captured: bool = True,
+              weights: Optional[list[str]] = None) -> str:
     """Bench table text. ``head`` (a loaded DraftHead) replaces the presets with that head; each
-    preset and depth is timed at every batch size of ``batches`` (default [1]); ``ragged``
-    spreads the contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
+    preset and depth is timed at every batch size of ``batches`` (default [1]) for every weight
+    format of ``weights`` (default ["plain"]; see the module docstring); ``ragged`` spreads the
+    contexts of batch > 1 sequences (see :meth:`BenchCase.contexts`)."""
     batches = check_batches([1] if batches is None else batches)
+    weights = ["plain"] if weights is None else list(weights)
+    if not weights or any(x not in WEIGHTS for x in weights):
+        raise InputError(f"weights must be a non-empty list of {WEIGHTS}, got {weights!r}")
     BenchCase(preset="", depth=1, context=context, new_rows=new_rows).contexts()  # refuse bad sizes before any GPU work
     if not torch.cuda.is_available():
         from .errors import BackendUnavailableError
@@ -555,14 +574,17 @@ def run_bench(presets: list[str], depths: list[int], *, backends: list[str], dty
     breakdowns = {}
     for preset in presets:
         for depth in depths:
-            for batch in batches:
-                case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
-                                 batch=batch, ragged=ragged)
-                rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps,
-                                     persistent=persistent, captured=captured))
-            if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
-                case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head)
-                breakdowns[f"{preset} depth {depth}"] = phase_breakdown(case, device=device, dtype=dtype)
+            for fmt in weights:
+                for batch in batches:
+                    case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
+                                     batch=batch, ragged=ragged, weights=fmt)
+                    rows.append(run_case(case, backends=backends, device=device, dtype=dtype, bandwidth=bw, reps=reps,
+                                         persistent=persistent, captured=captured))
+                if breakdown and "triton" in backends:  # the in-kernel phase timer is a batch-1 tool
+                    case = BenchCase(preset=preset, depth=depth, context=context, new_rows=new_rows, head=head,
+                                     weights=fmt)
+                    name = f"{preset} {fmt} depth {depth}" if len(weights) > 1 else f"{preset} depth {depth}"
+                    breakdowns[name] = phase_breakdown(case, device=device, dtype=dtype)
     text = format_table(rows, bw)
     for name, ph in breakdowns.items():
         total = sum(ph.values())

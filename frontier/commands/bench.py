@@ -24,6 +24,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--backends", dest="backend", type=str, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--dtype", type=dtype_name, default="bf16",
                    help="bf16, fp16 or fp32 (also bfloat16, float16, float32; default bf16)")
+    p.add_argument("--weights", type=str, default="plain", metavar="FORMAT[,FORMAT...]",
+                   help="plain (the head in --dtype) and/or fp8 (the same head quantized to e4m3 with a "
+                   "power-of-two scale per output channel); comma-separated formats are each timed, a row "
+                   "each (default plain)")
     p.add_argument("--batch", type=str, default="1", metavar="B[,B...]",
                    help="comma-separated batch sizes, e.g. 1,4,16,64 (default 1); batch B > 1 drafts B sequences "
                    "per call and also reports ms per sequence and the ratio to the batch-1 call")
@@ -77,6 +81,11 @@ def run(args) -> int:
     if not depths or any(d < 1 for d in depths):
         raise InputError(f"--depth takes comma-separated positive integers (e.g. 5,7), got {args.depth!r}")
     batches = parse_batches(args.batch)
+    from ..bench import WEIGHTS
+
+    weights = [w.strip() for w in args.weights.split(",") if w.strip()]
+    if not weights or any(w not in WEIGHTS for w in weights):
+        raise InputError(f"--weights takes comma-separated formats from {', '.join(WEIGHTS)}, got {args.weights!r}")
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     if not backends:
         raise InputError(f"--backend takes comma-separated backend names, got {args.backend!r}")
@@ -101,7 +110,7 @@ def run(args) -> int:
         text = run_bench(presets, depths, backends=backends, dtype=dtype, reps=args.reps,
                          json_path=json_path, batches=batches, breakdown=args.breakdown, context=args.context,
                          new_rows=args.new_rows, head=head, ragged=args.ragged, persistent=args.persistent,
-                         captured=args.captured)
+                         captured=args.captured, weights=weights)
         if args.json:
             with open(json_path) as fh:
                 text = fh.read().rstrip("\n")

@@ -60,12 +60,14 @@ class TritonBackend(Backend):
 
     # ------------------------------------------------------------------------------------------
     def drafter(self, cfg, dtype: torch.dtype, device: torch.device, pack_weights: bool = True,
-                tuning=None):
-        """The drafter of (cfg, dtype, device, tuning), made on first use and kept; ``tuning``
-        (a :class:`~.tuning.Tuning`, default the measured one) with ``pack_weights`` False: one
-        that streams the weights as they are (no packed copies, none of their memory)."""
+                tuning=None, formats=None):
+        """The drafter of (cfg, dtype, device, tuning, weight formats), made on first use and
+        kept; ``tuning`` (a :class:`~.tuning.Tuning`, default the measured one) with
+        ``pack_weights`` False: one that streams the weights as they are (no packed copies, none
+        of their memory); ``formats``: the head's ``fp8.stream_formats`` (default: no fp8)."""
         import dataclasses
 
+        from .fp8 import StreamFormats
         from .launch import Launcher
         from .tuning import Tuning
 
@@ -73,11 +75,12 @@ class TritonBackend(Backend):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())  # "cuda" and "cuda:0" share one drafter
         tuning = dataclasses.replace(tuning or Tuning(), pack_weights=pack_weights)
-        key = (cfg, dtype, str(device), tuning)
+        formats = formats or StreamFormats()
+        key = (cfg, dtype, str(device), tuning, formats)
         with self._lock:
             d = self._drafters.get(key)
             if d is None:
-                d = Launcher(cfg, dtype, device, tuning)
+                d = Launcher(cfg, dtype, device, tuning, formats)
                 self._drafters[key] = d
         return d
 
@@ -167,7 +170,9 @@ class TritonBackend(Backend):
         if len({id(c) for c in caches}) != len(caches):
             raise InputError("two sequences of a batch cannot share one draft cache")
 
-        d = self.drafter(cfg, w.dtype, r0.device, pack, tuning)
+        from .fp8 import stream_formats
+
+        d = self.drafter(cfg, w.dtype, r0.device, pack, tuning, stream_formats(w, w.dtype))
         with d_lock(d):
             ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
             # The Frontiers are built while the GPU drafts (their ops queue behind the kernel),

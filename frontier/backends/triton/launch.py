@@ -23,6 +23,7 @@ import torch
 from ...errors import KernelError
 from .kernels import HAS_GDC, META_W, drafter_kernel
 from .kernels.layout import CONTEXT_STEP, Phase
+from .fp8 import StreamFormats, stream_scales
 from .plan import LaunchPlanner, interpreting, pack_slabs
 from .schedule import build_schedule
 from .tuning import Tuning, _pow2
@@ -40,10 +41,11 @@ def num_sms(device: torch.device) -> int:
 
 
 class Launcher(LaunchPlanner):
-    """Launch state for one (config, dtype, device): workspace, rotary tables, schedules, packed
-    weight copies and captured graphs."""
+    """Launch state for one (config, dtype, device, weight formats): workspace, rotary tables,
+    schedules, packed weight copies and captured graphs."""
 
-    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None):
+    def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None,
+                 formats: Optional[StreamFormats] = None):
         tuning = tuning or Tuning()
         if tuning.grid is not None:
             grid = tuning.grid
@@ -51,7 +53,7 @@ class Launcher(LaunchPlanner):
             grid = num_sms(device)
         else:
             grid = 2
-        super().__init__(cfg, dtype, grid, tuning)
+        super().__init__(cfg, dtype, grid, tuning, formats)
         self.device = device
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
@@ -295,6 +297,7 @@ class Launcher(LaunchPlanner):
             ln_hid_ptr=weights.hidden_norm if weights.hidden_norm is not None else post_norm,
             ln_f_ptr=weights.norm if weights.norm is not None else post_norm,
             lm_ptr=lm_head, d2t_ptr=weights.d2t if has_d2t else dummy, cos_ptr=cos, sin_ptr=sin,
+            **stream_scales(weights, dummy),
             # inputs (packed over the batch) and the caches
             meta_ptr=meta, row_seq_ptr=row_seq, feat_ptr=ws.feat, ids_ptr=ws.ids,
             root_ptr=ws.root, kv_ptr=kv_base,
@@ -377,16 +380,16 @@ class Launcher(LaunchPlanner):
         cache's K/V rows and offsets are proven 16-byte aligned (the kernel then declares those
         loads aligned: vector loads in the cp.async pipeline instead of 2-byte scalars), else 1.
         True for contiguous real heads; odd test sizes may not be."""
-        el = self.dtype.itemsize
+        el_w, el = lw.q_proj.element_size(), self.dtype.itemsize
 
         def aligned(tens, skip=0):  # every row of every tensor starts on a 16-byte boundary
             return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-                       and all(st * el % 16 == 0 for st in t.stride()[skip:-1]) for t in tens)
+                       and all(st * t.element_size() % 16 == 0 for st in t.stride()[skip:-1]) for t in tens)
 
         w_ok = aligned([lw.q_proj, lw.k_proj, lw.v_proj])
         # the caches' layer 0 ([kv heads, max_length, head_dim]: the storage without its layer stride)
         kv_ok = aligned(kv, skip=1)
-        return dict(VEC_W=16 // el if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
+        return dict(VEC_W=16 // el_w if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x row capacity x buffers)
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from .fp8 import StreamFormats
 from .kernels.layout import CONTEXT_STEP, Phase
 from .tuning import Tuning, _pow2, slab, split_slab
 
@@ -82,10 +83,13 @@ class LaunchPlan:
 
 
 class LaunchPlanner:
-    """Launch geometry of one (config, dtype, grid, tuning), with its plans cached per batch size."""
+    """Launch geometry of one (config, dtype, grid, tuning, weight formats), with its plans cached
+    per batch size. ``formats``: each weight stream's format (``fp8.StreamFormats``); an fp8
+    stream's k-chunks hold twice the elements of a 16-bit one for the same bytes."""
 
-    def __init__(self, cfg, dtype: torch.dtype, grid: int, tuning: Tuning):
+    def __init__(self, cfg, dtype: torch.dtype, grid: int, tuning: Tuning, formats: Optional[StreamFormats] = None):
         self.cfg, self.dtype, self.grid, self.tuning = cfg, dtype, grid, tuning
+        self.formats = formats or StreamFormats()
         self.kp = _pow2(cfg.top_k, 16)
         self._plans: dict = {}  # LaunchPlan by (batch size, interpreting)
 
@@ -113,8 +117,9 @@ class LaunchPlanner:
         cfg, tn = self.cfg, self.tuning
         free = self.grid - batch * cfg.top_k
         nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-        return slab(nt, cfg.hidden_size, free if free > 0 else self.grid, self.dtype.itemsize, 1, tn,
-                    self.block_rows(batch), acc_elems=tn.acc_elems, wide=False, stages=tn.lin_stages)
+        return slab(nt, cfg.hidden_size, free if free > 0 else self.grid, self.formats.weight_bytes("qkv", self.dtype),
+                    1, tn, self.block_rows(batch), acc_elems=tn.acc_elems, wide=False, stages=tn.lin_stages,
+                    x_elsize=self.dtype.itemsize)
 
     def qkv_ahead(self, batch: int, slab_: Optional[tuple[int, int, int]] = None) -> bool:
         """Whether the launch streams the next depth's QKV over the hidden half of its input
@@ -173,26 +178,33 @@ class LaunchPlanner:
         nkv_heads = cfg.num_key_value_heads
         nch = self.attn_chunks(nb)
         h, el, g = cfg.hidden_size, self.dtype.itemsize, self.grid
+        # bytes per weight element of each stream (fp8: 1), beside the activations' el
+        w_fc, w_qkv, w_o, w_gu, w_d, w_lm = (self.formats.weight_bytes(s, self.dtype)
+                                            for s in ("fc", "qkv", "o", "gu", "d", "lm"))
         nq, nkv = cfg.num_attention_heads * cfg.head_dim, nkv_heads * cfg.head_dim
         attn_in = 2 * h if eagle3 else h
         fc_in = cfg.feature_size if eagle3 else 2 * h
         acc = tn.wide_acc_elems if wide else tn.acc_elems
         st_lin, st_gu, st_lm = (s or tn.num_stages for s in (tn.lin_stages, tn.gu_stages, tn.lm_stages))
-        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
-        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin)
+        rp_fc, bns_fc, bk_fc = slab(h, fc_in, g, w_fc, 1, tn, bmp, acc_elems=acc, wide=wide, stages=st_lin, x_elsize=el)
+        rp_qkv, bns_qkv, bk_qkv = slab(nq + 2 * nkv, attn_in, g, w_qkv, 1, tn, bmp, acc_elems=acc, wide=wide,
+                                       stages=st_lin, x_elsize=el)
         # wide launches split K in the tree depths' o_proj and down, so their unsplit forms serve only
         # the context step, whose rows there are one per sequence: sized for that tile (BMP_B), not
         # for the tree rows' (a 256-row tile for 16 rows cut down's k-chunk to 128 columns)
         bmb = max(16, _pow2(nb)) if wide else bmp
-        rp_o, bns_o, bk_o = slab(h, nq, g, el, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin)
-        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, el, 2, tn, bm + bm2, acc_elems=acc, wide=wide,
-                                    stages=st_gu)
-        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, el, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin)
-        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, el, 1, tn, bm + bm2, acc_elems=acc, wide=wide,
-                                    stages=st_lm)
-        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, el, tn, bm + bm2, acc, wide, st_lin)
-        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, el, tn, bm + bm2, acc, wide, st_lin)
-        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, el, tn, bm + bm2, acc, wide, st_lin)
+        rp_o, bns_o, bk_o = slab(h, nq, g, w_o, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin, x_elsize=el)
+        rp_gu, bns_gu, bk_gu = slab(cfg.intermediate_size, h, g, w_gu, 2, tn, bm + bm2, acc_elems=acc, wide=wide,
+                                    stages=st_gu, x_elsize=el)
+        rp_d, bns_d, bk_d = slab(h, cfg.intermediate_size, g, w_d, 1, tn, bmb, acc_elems=acc, wide=wide, stages=st_lin,
+                                 x_elsize=el)
+        rp_lm, bns_lm, bk_lm = slab(cfg.vocab_size, h, g, w_lm, 1, tn, bm + bm2, acc_elems=acc, wide=wide,
+                                    stages=st_lm, x_elsize=el)
+        s_qkv, rps_qkv, bnss_qkv, bks_qkv = split_slab(nq + 2 * nkv, attn_in, g, w_qkv, tn, bm + bm2, acc, wide, st_lin,
+                                                       x_elsize=el)
+        s_o, rps_o, bnss_o, bks_o = split_slab(h, nq, g, w_o, tn, bm + bm2, acc, wide, st_lin, x_elsize=el)
+        s_d, rps_d, bnss_d, bks_d = split_slab(h, cfg.intermediate_size, g, w_d, tn, bm + bm2, acc, wide, st_lin,
+                                               x_elsize=el)
         rp_qh, bns_qh, bk_qh = slab_qh = self.qkv_ahead_slab(nb)
 
         def fold(bns: int, bk: int, bm_: int = bmp, acc_: int = acc, wide_: bool = wide) -> int:
@@ -211,15 +223,16 @@ class LaunchPlanner:
         bns_fcc = bk_fcc = bns_qkvc = bk_qkvc = 16
         fold_c, st_fc_c = 1, st_lin
         if bmc:  # (narrow accumulators and folds, as a narrow launch of that many rows has)
-            _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True, stages=st_lin)
+            _, bns_fcc, bk_fcc = slab(h, fc_in, g, w_fc, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True, stages=st_lin,
+                                      x_elsize=el)
             fold_c = fold(bns_fcc, bk_fcc, bmc, tn.acc_elems, False)
             if fold_c > 1 and bmc >= 64 and tn.fold_stages:  # folded streams of 64+ rows: fold_stages deep
                 st_fc_c = tn.fold_stages
-                _, bns_fcc, bk_fcc = slab(h, fc_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
-                                          stages=st_fc_c)
+                _, bns_fcc, bk_fcc = slab(h, fc_in, g, w_fc, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
+                                          stages=st_fc_c, x_elsize=el)
                 fold_c = fold(bns_fcc, bk_fcc, bmc, tn.acc_elems, False)
-            _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, el, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
-                                        stages=st_lin)
+            _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, w_qkv, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
+                                        stages=st_lin, x_elsize=el)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
         ctx_const = {}
         if wide:
@@ -227,10 +240,10 @@ class LaunchPlanner:
             # launches (each phase its own build) they take a tile of pow2(batch) rows with narrow
             # accumulators and the register lm_head, as a narrow launch of that many rows does
             # (the slabs keep the wide alignment, so RP_GU / RP_LM stay the plan's)
-            _, bns_guc, bk_guc = slab(cfg.intermediate_size, h, g, el, 2, tn, bmb, acc_elems=tn.acc_elems,
-                                      wide=True, stages=st_gu)
-            _, bns_lmc, bk_lmc = slab(cfg.vocab_size, h, g, el, 1, tn, bmb, acc_elems=tn.acc_elems, wide=True,
-                                      stages=st_lm)
+            _, bns_guc, bk_guc = slab(cfg.intermediate_size, h, g, w_gu, 2, tn, bmb, acc_elems=tn.acc_elems,
+                                      wide=True, stages=st_gu, x_elsize=el)
+            _, bns_lmc, bk_lmc = slab(cfg.vocab_size, h, g, w_lm, 1, tn, bmb, acc_elems=tn.acc_elems, wide=True,
+                                      stages=st_lm, x_elsize=el)
             ctx_const[Phase.GATEUP] = dict(BM=bmb, BM2=0, BNS_GU=bns_guc, BK_GU=bk_guc)
             ctx_const[Phase.LMHEAD] = dict(BM=bmb, BM2=0, BNS_LM=bns_lmc, BK_LM=bk_lmc, LM_WIDE=False)
             ctx_const[Phase.MERGE] = dict(MG_ROWS=False)  # (that lm_head leaves per-program partials)
@@ -275,9 +288,10 @@ class LaunchPlanner:
             # Contracted multiply-adds, pinned: what every measurement and parity run so far compiled
             # with (Triton's default until 3.9; 3.10 turns the default off, which changes bits and speed).
             enable_fp_fusion=True,
+            **self.formats.const(),
         )
         return LaunchPlan(
-            wide=wide, fused=fused, qh=qh, sel=sel, pack=pack, qh_vec=h * el % 16 == 0,
+            wide=wide, fused=fused, qh=qh, sel=sel, pack=pack, qh_vec=h * w_qkv % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slabs=dict(RP_FC=rp_fc, RP_QKV=rp_qkv, RP_O=rp_o, RP_GU=rp_gu, RP_D=rp_d, RP_LM=rp_lm, NCH=nch,
                        RPS_QKV=rps_qkv, RPS_O=rps_o, RPS_D=rps_d, SPL_QKV=s_qkv, SPL_O=s_o, SPL_D=s_d, RP_QH=rp_qh),

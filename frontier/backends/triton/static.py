@@ -21,6 +21,7 @@ from ...errors import InputError
 from ...tree import pack_tree
 from .kernels import META_W
 from .kernels.stage import finish_kernel, stage_kernel
+from .fp8 import stream_formats
 from .launch import Launcher
 from .plan import interpreting
 from .tuning import _pow2
@@ -46,7 +47,7 @@ class StaticTriton:
         tuning = replace(TritonBackend._tuning(tuning) or Tuning(), pack_weights=pack_weights)
         self.d = drafter
         dev, bsz, r = drafter.device, drafter.max_batch, drafter.max_new_rows
-        self.launcher = Launcher(cfg, drafter.dtype, dev, tuning)
+        self.launcher = Launcher(cfg, drafter.dtype, dev, tuning, stream_formats(drafter.weights, drafter.dtype))
         self.launcher.pin_packed = True
         ws = self.launcher.workspace(bsz, bsz * r)  # sized once: never regrown, so graphs stay valid
         self._scratch_for_every_batch(ws, bsz)

@@ -114,12 +114,13 @@ class Tuning:
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
          acc_elems: Optional[int] = None, wide: Optional[bool] = None,
-         stages: Optional[int] = None) -> tuple[int, int, int]:
+         stages: Optional[int] = None, x_elsize: Optional[int] = None) -> tuple[int, int, int]:
     """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase whose
     activation tile is ``bm`` rows wide (BM + BM2). The k-chunk holds about ``stage_bytes`` of
     weights per stage, and the weight + activation tiles of all ``stages`` (default
     ``num_stages``) stages fit in ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks
-    the slab alignment."""
+    the slab alignment. ``elsize``: bytes per weight element; ``x_elsize``: per activation
+    element (default the same; fp8 weights stream 1 byte beside 2- or 4-byte activations)."""
     per = -(-n_rows // grid)
     if wide is None:
         wide = bm >= tn.wide_bm
@@ -128,14 +129,16 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
     bnp = _pow2(rp, 16)
     cap = max(16, 1 << max(0, ((acc_elems or tn.acc_elems) // (bm * n_mats)).bit_length() - 1))
     bns = min(bnp, cap)
+    x_el = x_elsize or elsize
     bk = min(tn.stage_bytes // (bns * elsize * n_mats),
-             tn.smem_bytes // ((stages or tn.num_stages) * (bns * n_mats + bm) * elsize))
+             tn.smem_bytes // ((stages or tn.num_stages) * (bns * n_mats * elsize + bm * x_el)))
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
     return rp, bns, bk
 
 
 def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int, acc: int,
-               wide: Optional[bool] = None, stages: Optional[int] = None) -> tuple[int, int, int, int]:
+               wide: Optional[bool] = None, stages: Optional[int] = None,
+               x_elsize: Optional[int] = None) -> tuple[int, int, int, int]:
     """(split factor S, rows per slab RP, sub-slab rows BNS, k-chunk BK) of a split-K phase:
     grid // S slabs of about ``tn.split_rows`` rows, each streamed as S k-ranges."""
     spl = 1
@@ -143,5 +146,5 @@ def split_slab(n_rows: int, kd: int, grid: int, elsize: int, tn: Tuning, bm: int
         spl *= 2
     nslab = grid // spl
     rp, bns, bk = slab(n_rows, max(16, -(-kd // spl)), nslab, elsize, 1, tn, bm, acc_elems=acc, wide=wide,
-                       stages=stages)
+                       stages=stages, x_elsize=x_elsize)
     return spl, rp, bns, bk

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .layout import KEY32_NONE, KEY_NONE, W_EVICT
 from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _mma, _rank_rounds, _wide_key
-from .stream import _row_tiles, _slab_base, _slab_rows, _stream_tile, _x_chunk
+from .stream import _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_operand, _x_chunk
 
 
 @triton.jit
@@ -50,7 +50,7 @@ def _lm_keys(acc, rr, rmask, rm, M, DT: tl.constexpr, KEY16: tl.constexpr = Fals
 def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                ONE_SUB: tl.constexpr, ST: tl.constexpr, KEY16: tl.constexpr = False,
-               PACK: tl.constexpr = False):
+               PACK: tl.constexpr = False, s_ptr=0, W8: tl.constexpr = 0):
     """lm_head over one slab of RP vocabulary rows per program, then in registers: per
     activation row the slab's max and sum of exp (for the log-softmax) and its top-K logits as
     ranking keys. Each program writes only that partial (keys [MR, KP] with entries K..KP-1
@@ -60,7 +60,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     top-K), which only this program touches; ONE_SUB (the slab is one sub-slab, as at batch 1)
     compiles that merge out. KEY16 (16-bit dtypes; with ONE_SUB): the K rounds rank 32-bit keys (``_keys16``, as in
     ``_lm_slab_stats``). PACK: the
-    lm_head is packed per slab (``_slab_base``)."""
+    lm_head is packed per slab (``_slab_base``). W8 / s_ptr: its weight format and row scales
+    (``stream``'s module docstring)."""
     DT = x_ptr.dtype.element_ty
     K16: tl.constexpr = KEY16 and ONE_SUB
     rbm = tl.arange(0, BM)
@@ -74,6 +75,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
         rr1 = pid * RP + s0 + rp
         m1 = (s0 + rp < RP) & (rr1 < V)
         w1row, kstep = _slab_base(w_ptr, pid, RP, Kd, s0 + rp, PACK, BK)
+        sc1 = _row_scale(s_ptr, rr1, m1, W8)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
             acc1 = tl.zeros([BNS, BM], dtype=tl.float32)
@@ -83,8 +85,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 w1 = tl.load(w1row[:, None] + k0 * kstep + rk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
-                acc1 = _mma(w1, x, acc1, IEEE)
-            key1, tmax, logit1 = _lm_keys(acc1, rr1, m1, rm, M, DT, K16, pid * RP)
+                acc1 = _mma(_w_operand(w1, sc1, DT, W8), x, acc1, IEEE)
+            key1, tmax, logit1 = _lm_keys(_acc_scaled(acc1, sc1, W8), rr1, m1, rm, M, DT, K16, pid * RP)
             safe = tl.where(tmax == float("-inf"), 0.0, tmax)
             tsum = tl.sum(tl.exp(logit1 - safe[:, None]), axis=1)
             rmask = rm < MR
@@ -123,7 +125,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
 def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max_ptr, sum_ptr, RP, MR, K,
                     BM: tl.constexpr, KP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                     BMK: tl.constexpr, BNP: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr,
-                    KEY16: tl.constexpr = False, stats=True):
+                    KEY16: tl.constexpr = False, stats=True, s_ptr=0, W8: tl.constexpr = 0):
     """lm_head for many activation rows (batches): the same per-program partials as
     ``_ph_lmhead``, but the slab's logits (rounded to the compute dtype, as the reference
     rounds them) go to a scratch ``[MR, V]`` first and the statistics are taken from there in
@@ -131,13 +133,14 @@ def _ph_lmhead_wide(pid, nprog, x_ptr, M, w_ptr, V, Kd, logit_ptr, keys_ptr, max
     without also holding a 64-bit key per logit in registers. Only this program reads back what
     it wrote (the block barrier orders it), and the scratch rows stay in L2. ``stats`` false
     (MG_ROWS, tree depths): the logits only; MERGE takes the statistics per row
-    (``_ph_merge_rows``)."""
+    (``_ph_merge_rows``). W8 / s_ptr: the weight format and row scales."""
     DT = x_ptr.dtype.element_ty
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, V, 0, Kd, w_ptr, w_ptr, w_ptr, False, BNS, 1)
         for m0 in range(0, M, BM + BM2):
             rm, rm2 = _row_tiles(m0, BM, BM2)
-            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, Kd, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2, ST)
+            acc, acc2 = _stream_tile(wrow, rmask, x_ptr, Kd, rm, rm2, M, 0, Kd, BNS, BM, BK, IEEE, BM2, ST,
+                                     _row_scale(s_ptr, rr, rmask, W8), W8)
             tl.store(logit_ptr + rm[None, :] * V + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
             if BM2 > 0:
                 tl.store(logit_ptr + rm2[None, :] * V + rr[:, None], acc2.to(DT),

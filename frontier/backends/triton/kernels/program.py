@@ -48,6 +48,8 @@ def drafter_kernel(
     # weights
     emb_ptr, fcw_ptr, fcb_ptr, wq_ptr, wk_ptr, wv_ptr, wo_ptr, wg_ptr, wu_ptr, wd_ptr,
     ln_in_ptr, ln_post_ptr, ln_hid_ptr, ln_f_ptr, lm_ptr, d2t_ptr, cos_ptr, sin_ptr,
+    # fp8 weights' fp32 row scales (QKV: of the [q; k; v] row space)
+    sfc_ptr, sqkv_ptr, so_ptr, sg_ptr, su_ptr, sd_ptr, slm_ptr,
     # inputs (packed over the batch) and the caches
     meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
@@ -82,6 +84,8 @@ def drafter_kernel(
     PDL: tl.constexpr = 0, TREE_BLOCKS: tl.constexpr = True,
     MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
     KEY32_SEL: tl.constexpr = False, PACK_W: tl.constexpr = False,
+    W8_FC: tl.constexpr = 0, W8_QKV: tl.constexpr = 0, W8_O: tl.constexpr = 0, W8_GU: tl.constexpr = 0,
+    W8_D: tl.constexpr = 0, W8_LM: tl.constexpr = 0,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -129,7 +133,9 @@ def drafter_kernel(
     complete (``griddepcontrol.wait``: its writes are then visible, and by induction every earlier
     launch's). Before the wait nothing is read but the schedule (never written) and nothing is
     written. The launch lets the next one start (which then waits the same way) right after the
-    wait (PDL 1) or after its own phase's work (PDL 2)."""
+    wait (PDL 1) or after its own phase's work (PDL 2).
+    W8_FC / W8_QKV / W8_O / W8_GU / W8_D / W8_LM: each stream's weight format (``stream``'s module
+    docstring: 0 the compute dtype, 1 and 2 fp8 e4m3 with the row scales s*_ptr)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -170,15 +176,15 @@ def drafter_kernel(
             if EAGLE3:
                 _ph_linear_ctx(pid, nprog, small, feat_ptr, F, N, fcw_ptr, H, F, hcur_ptr, H, fcb_ptr, fcw_ptr, fcw_ptr,
                                0, RP_FC, 0, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD, BMC, BNS_FCC,
-                               BK_FCC, FOLD_FCC, ST_FCC)
+                               BK_FCC, FOLD_FCC, ST_FCC, s_ptr=sfc_ptr, W8=W8_FC)
             elif HAS_FCB:  # (eagle2: fc at every depth; MODE 2 adds its bias)
                 _ph_linear_ctx(pid, nprog, small, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, fcb_ptr,
                                fcw_ptr, fcw_ptr, 0, RP_FC, 2, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD,
-                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC)
+                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC, s_ptr=sfc_ptr, W8=W8_FC)
             else:
                 _ph_linear_ctx(pid, nprog, small, xin_ptr, 2 * H, m_in, fcw_ptr, H, 2 * H, hcur_ptr, H, fcb_ptr,
                                fcw_ptr, fcw_ptr, 0, RP_FC, 0, IEEE, 1, ST_LIN, BMP, BNS_FC, BK_FC, FOLD_FC, ST_FOLD,
-                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC)
+                               BMC, BNS_FCC, BK_FCC, FOLD_FCC, ST_FCC, s_ptr=sfc_ptr, W8=W8_FC)
         elif ph == PH_PREP3:  # (eagle3)
             if is_ctx:
                 _ph_prep(pid, nprog, N, ids_ptr, emb_ptr, hcur_ptr, H, fr_src_ptr, hcur_ptr, xin_ptr,
@@ -205,14 +211,16 @@ def drafter_kernel(
                 split = i != CTX_DEPTH
             if split:
                 _ph_linear_split(pid, nprog, x_a, k_a, m_in, wq_ptr, NQ, k_a, part_ptr, MR, wk_ptr, wv_ptr, NKVD,
-                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2, ST=ST_LIN)
+                                 RPS_QKV, SPL_QKV, True, BM, BNSS_QKV, BKS_QKV, IEEE, VEC_W, BM2=BM2, ST=ST_LIN,
+                                 s_ptr=sqkv_ptr, W8=W8_QKV)
             elif QH and not is_ctx:  # the embedding half + each row's parent partial from MERGE
                 _ph_linear(pid, nprog, xin_ptr, 2 * H, m_in, wq_ptr, NQ, 2 * H, H, qkv_ptr, NQ + 2 * NKVD, qh_ptr,
-                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN)
+                           NQ + 2 * NKVD, fr_src_ptr, wk_ptr, wv_ptr, NKVD, RP_QKV, 7, BMP, BNS_QKV, BK_QKV, IEEE, VEC_W, ST=ST_LIN,
+                           s_ptr=sqkv_ptr, W8=W8_QKV)
             else:
                 _ph_linear_ctx(pid, nprog, small, x_a, k_a, m_in, wq_ptr, NQ, k_a, qkv_ptr, NQ + 2 * NKVD, fcb_ptr,
                                wk_ptr, wv_ptr, NKVD, RP_QKV, 4, IEEE, VEC_W, ST_LIN, BMP, BNS_QKV, BK_QKV, 1, 0, BMC,
-                               BNS_QKVC, BK_QKVC, 1, 0)
+                               BNS_QKVC, BK_QKVC, 1, 0, s_ptr=sqkv_ptr, W8=W8_QKV)
         elif ph == PH_ROPE:
             if is_ctx:
                 _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr, hres_ptr, kv_ptr,
@@ -242,31 +250,33 @@ def drafter_kernel(
             if is_ctx:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hres_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
-                           STF=ST_FOLD)
+                           STF=ST_FOLD, s_ptr=so_ptr, W8=W8_O)
             elif SPLITK:
                 _ph_linear_split(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, part_ptr, MR, wo_ptr, wo_ptr, 0,
-                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
+                                 RPS_O, SPL_O, False, BM, BNSS_O, BKS_O, IEEE, VEC=1, BM2=BM2, ST=ST_LIN,
+                                 s_ptr=so_ptr, W8=W8_O)
             else:
                 _ph_linear(pid, nprog, ao_ptr, NQ, m_out, wo_ptr, H, NQ, NQ, h1_ptr, H, hcur_ptr, H, fcb_ptr,
                            wo_ptr, wo_ptr, 0, RP_O, 1, BMP_B, BNS_O, BK_O, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_O,
-                           STF=ST_FOLD)
+                           STF=ST_FOLD, s_ptr=so_ptr, W8=W8_O)
         elif ph == PH_NORM_POST:  # (SPLITK: h1 = h + the split-K o_proj's partials, first)
             _ph_norm_after(pid, nprog, m_out, is_ctx, part_ptr, SPL_O, MR, hcur_ptr, h1_ptr, ln_post_ptr, n2_ptr, H, eps,
                            BLOCK_H, SPLITK)
         elif ph == PH_GATEUP:
             _ph_gateup(pid, nprog, n2_ptr, m_out, wg_ptr, wu_ptr, I, H, act_ptr, RP_GU, BM, BNS_GU, BK_GU, IEEE, BM2=BM2, ST=ST_GU,
-                       PACK=PACK_W)
+                       PACK=PACK_W, sg_ptr=sg_ptr, su_ptr=su_ptr, W8=W8_GU)
         elif ph == PH_DOWN:  # h2 = h1 + down(act)
             split = False
             if SPLITK:
                 split = i != CTX_DEPTH
             if split:
                 _ph_linear_split(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, part_ptr, MR, wd_ptr, wd_ptr, 0,
-                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN)
+                                 RPS_D, SPL_D, False, BM, BNSS_D, BKS_D, IEEE, VEC=1, BM2=BM2, ST=ST_LIN,
+                                 s_ptr=sd_ptr, W8=W8_D)
             else:
                 _ph_linear(pid, nprog, act_ptr, I, m_out, wd_ptr, H, I, I, hout_ptr, H, h1_ptr, H, fcb_ptr,
                            wd_ptr, wd_ptr, 0, RP_D, 1, BMP_B, BNS_D, BK_D, IEEE, VEC=1, ST=ST_LIN, FOLD=FOLD_D,
-                           STF=ST_FOLD)
+                           STF=ST_FOLD, s_ptr=sd_ptr, W8=W8_D)
         elif ph == PH_RED_D:  # h2 = h1 + sum
             _ph_reduce(pid, nprog, part_ptr, SPL_D, m_out, H, MR, hout_ptr, H, h1_ptr, H, 1, 1024)
         elif ph == PH_NORM_F:  # (SPLITK: h2 = h1 + the split-K down's partials, first)
@@ -286,10 +296,11 @@ def drafter_kernel(
                     lm_stats = is_ctx  # own context builds, whose register lm_head leaves them)
                 _ph_lmhead_wide(pid, nprog, x_lm, m_out, lm_ptr, V, H, lml_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
                                 BM, KP, BNS_LM, BK_LM, IEEE, BMK_LM, BNP_LM, BM2=BM2, ST=ST_LM, KEY16=KEY16_LM,
-                                stats=lm_stats)
+                                stats=lm_stats, s_ptr=slm_ptr, W8=W8_LM)
             else:
                 _ph_lmhead(pid, nprog, x_lm, m_out, lm_ptr, V, H, lmk_ptr, lmmax_ptr, lmsum_ptr, RP_LM, MR, K,
-                           BM, KP, BNS_LM, BK_LM, IEEE, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM, PACK=PACK_W)
+                           BM, KP, BNS_LM, BK_LM, IEEE, BNP_LM <= BNS_LM, ST=ST_LM, KEY16=KEY16_LM, PACK=PACK_W,
+                           s_ptr=slm_ptr, W8=W8_LM)
         elif ph == PH_MERGE:  # (partials: the lm_head programs whose slab holds vocabulary rows)
             if MG_ROWS and not is_ctx:  # (tree depths: each row from the wide lm_head's logits scratch)
                 _ph_merge_rows(pid, nprog, m_out, lml_ptr, V, sel_lp_ptr, sel_tok_ptr, K, KP, BV_MG, DT, KEY32_MG, G_MG)
@@ -308,7 +319,7 @@ def drafter_kernel(
                           K, MR, KP, BLOCK_P, DT, KEY32_MG)
             if QH and ahead:
                 _ph_qkv_hidden(pid, nprog, m_out, xh_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP_QH,
-                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN)
+                               BMP, BNS_QH, BK_QH, IEEE, VEC_QH, ST=ST_LIN, s_ptr=sqkv_ptr, W8=W8_QKV)
         elif ph == PH_SELECT:
             _ph_select_step(pid, nprog, is_ctx, B, i, K, KP, SK, C, RPW, sel_lp_ptr, sel_tok_ptr, d2t_ptr, fr_score_ptr,
                             fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr, cand_score_ptr, cand_tok_ptr, row_par_ptr, V,

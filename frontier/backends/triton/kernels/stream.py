@@ -4,6 +4,13 @@ split-K forms and reductions, and the hidden-half QKV stream that runs ahead dur
 Every program owns a slab of weight rows (``RP``), walks it in sub-slabs of ``BNS`` rows and
 streams each sub-slab's k-chunks (``BK`` columns) once, through a software pipeline, for all
 activation rows of the call (one tile of ``BM`` rows, or two of ``BM + BM2`` in wide launches).
+
+Weight formats (``W8``, one per stream; ``frontier.backends.triton.fp8``): 0, the compute dtype;
+1, e4m3 with power-of-two row scales that dequantize exactly - each weight converted exactly to
+the compute dtype, the row's scale applied to the fp32 accumulator after the k-loop, which gives
+the bits of the dequantized weight's dot; 2, e4m3 with any row scales - each weight dequantized
+in registers, ``(w * scale)`` rounded to the compute dtype, as the reference dequantizes.
+``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
 from __future__ import annotations
@@ -13,6 +20,37 @@ import triton.language as tl
 
 from .layout import W_EVICT
 from .numerics import _mma, _silu_rn
+
+
+@triton.jit
+def _row_scale(s_ptr, rows, rmask, W8: tl.constexpr):
+    """The fp32 scales of weight rows ``rows`` (valid where rmask; 1 elsewhere) of an fp8 stream
+    (W8 > 0); an unused placeholder of their shape otherwise."""
+    if W8 > 0:
+        sc = tl.load(s_ptr + rows, mask=rmask, other=1.0)
+    else:
+        sc = rows.to(tl.float32)
+    return sc
+
+
+@triton.jit
+def _w_operand(w, sc, DT: tl.constexpr, W8: tl.constexpr):
+    """A loaded weight tile [rows, k] as the dot's operand in the compute dtype DT: as it is (W8
+    0), e4m3 converted exactly (1), or dequantized with its rows' scales ``sc`` (2)."""
+    if W8 == 1:
+        w = w.to(DT)
+    elif W8 == 2:
+        w = (w.to(tl.float32) * sc[:, None]).to(DT)
+    return w
+
+
+@triton.jit
+def _acc_scaled(acc, sc, W8: tl.constexpr):
+    """An accumulator [rows, m] with the rows' power-of-two scales ``sc`` applied (W8 1); as it is
+    otherwise. Scaling by a power of two commutes with every rounding of the k-loop's sums."""
+    if W8 == 1:
+        acc = acc * sc[:, None]
+    return acc
 
 
 @triton.jit
@@ -26,7 +64,7 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
 @triton.jit
 def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
                    BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                   ST: tl.constexpr, F: tl.constexpr):
+                   ST: tl.constexpr, F: tl.constexpr, s_ptr=0, W8: tl.constexpr = 0):
     """acc [BNS, BM] = W[row0 + j, k_lo:k_hi] @ X[m0 + m, k_lo:k_hi]^T (rows j < nrows, m0 + m <
     M) with every k-chunk folded F ways: the weight chunk [BNS, BK] is read as F row blocks of
     BK/F columns stacked into [F*BNS, BK/F] (block f holds columns f*BK/F..), the activation
@@ -34,7 +72,8 @@ def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
     partial sums are the diagonal blocks f == g, added after the k-loop. The dot is F times
     taller, so the program's warps split weight rows instead of each reading the same few rows
     from shared memory. The row pointers are computed here from row indices (not gathered from
-    a pointer tensor), so the loads keep their 16-byte alignment facts."""
+    a pointer tensor), so the loads keep their 16-byte alignment facts. W8 / s_ptr: the weight format and row scales (module docstring)."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     KF: tl.constexpr = BK // F
     rf = tl.arange(0, F * BNS)
     rc = tl.arange(0, F * BM)
@@ -45,27 +84,33 @@ def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
     wf = w_ptr + (row0 + rf % BNS) * Kd + fw
     mcol = m0 + rc % BM
     xcol = x_ptr + mcol * x_stride + fx
+    scf = _row_scale(s_ptr, row0 + rf % BNS, wmask, W8 if W8 == 2 else 0)  # (2: per stacked row)
     acc = tl.zeros([F * BNS, F * BM], dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
         w = tl.load(wf[:, None] + k0 + rk[None, :], mask=wmask[:, None] & ((k0 + fw)[:, None] + rk[None, :] < k_hi),
                     other=0.0, eviction_policy=W_EVICT)
+        w = _w_operand(w, scf, DT, W8)
         x = tl.load(xcol[None, :] + k0 + rk[:, None], mask=(mcol < M)[None, :] & ((k0 + fx)[None, :] + rk[:, None] < k_hi),
                     other=0.0, cache_modifier=".cg")
         acc = _mma(w, x, acc, IEEE)
     acc = tl.where((rf // BNS)[:, None] == (rc // BM)[None, :], acc, 0.0)
-    return tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
+    acc = tl.sum(tl.sum(tl.reshape(acc, [F, BNS, F, BM]), 2), 0)
+    rj = tl.arange(0, BNS)
+    return _acc_scaled(acc, _row_scale(s_ptr, row0 + rj, rj < nrows, W8 if W8 == 1 else 0), W8)
 
 
 @triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                 BM2: tl.constexpr, ST: tl.constexpr):
+                 BM2: tl.constexpr, ST: tl.constexpr, sc=0, W8: tl.constexpr = 0):
     """acc[BNS, BM] = W[rows, k_lo:k_hi] @ X[rm, k_lo:k_hi]^T: the weight rows (pointers ``wrow``,
     valid where ``rmask``) streamed through a pipelined k-loop against one tile of activation rows
     ``rm`` (valid below M), fp32 accumulation (IEEE-precision for fp32 inputs). BM2 > 0: each
     weight chunk also meets a second, narrower tile ``rm2`` (acc2 [BNS, BM2]), so that BM + BM2
     rows (e.g. 128 + 32 for 160 rows) cost no padding to the next power of two; with BM2 = 0
-    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages)."""
+    acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages). W8 / sc: the weight
+    format and the rows' scales [BNS] (module docstring)."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     rk = tl.arange(0, BK)
     acc = tl.zeros([BNS, BM], dtype=tl.float32)
     if BM2 > 0:
@@ -76,9 +121,13 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         kk = k0 + rk
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
+        w = _w_operand(w, sc, DT, W8)
         acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
         if BM2 > 0:
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
+    acc = _acc_scaled(acc, sc, W8)
+    if BM2 > 0:
+        acc2 = _acc_scaled(acc2, sc, W8)
     return acc, acc2
 
 
@@ -156,7 +205,8 @@ def _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_p
 def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride, res_ptr, res_stride, b_ptr,
                w2_ptr, w3_ptr, N2, RP,
                MODE: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1, STF: tl.constexpr = 0):
+               VEC: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr = 1, STF: tl.constexpr = 0,
+               s_ptr=0, W8: tl.constexpr = 0):
     """Y = X W^T with each program owning one slab of RP weight rows ([pid*RP, pid*RP + RP)),
     streamed through a pipelined k-loop for all the activation rows. The slab is walked in
     sub-slabs of BNS rows; each sub-slab is streamed once per tile of BM activation rows. At
@@ -170,7 +220,8 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
     7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
     activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
     FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), pipelined
-    STF stages (0: ST)."""
+    STF stages (0: ST). W8 / s_ptr: the weight format and row scales (QKV: of the [q; k; v]
+    row space)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
@@ -178,9 +229,10 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
             if FOLD > 1:  # (not QKV: one weight matrix)
                 row0 = pid * RP + s0
                 acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
-                                     BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD)
+                                     BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD, s_ptr, W8)
             else:
-                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST)
+                acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST,
+                                      _row_scale(s_ptr, rr, rmask, W8), W8)
             _linear_out(acc, rr, rmask, rm, M, y_ptr, y_stride, res_ptr, res_stride, b_ptr, MODE % 4)
 
 
@@ -189,7 +241,7 @@ def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y
                    RP, MODE: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr, ST: tl.constexpr,
                    BMP: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr, STF: tl.constexpr,
                    BMC: tl.constexpr, BNSC: tl.constexpr, BKC: tl.constexpr, FOLDC: tl.constexpr,
-                   STFC: tl.constexpr):
+                   STFC: tl.constexpr, s_ptr=0, W8: tl.constexpr = 0):
     """``_ph_linear`` (no residual) over the context step's new rows with the launch's tile BMP,
     or, where the launcher made a smaller one (BMC > 0, wide launches) and the rows fit in it
     (``small``, a run-time condition), with that tile and its own sub-slab, k-chunk and fold:
@@ -199,19 +251,22 @@ def _ph_linear_ctx(pid, nprog, small, x_ptr, x_stride, M, w_ptr, N, Kd, y_ptr, y
     if BMC > 0:
         if small:
             _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
-                       w2_ptr, w3_ptr, N2, RP, MODE, BMC, BNSC, BKC, IEEE, VEC, ST, FOLD=FOLDC, STF=STFC)
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMC, BNSC, BKC, IEEE, VEC, ST, FOLD=FOLDC, STF=STFC,
+                       s_ptr=s_ptr, W8=W8)
         else:
             _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
-                       w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+                       w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF,
+                       s_ptr=s_ptr, W8=W8)
     else:
         _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, Kd, y_ptr, y_stride, y_ptr, y_stride, b_ptr,
-                   w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF)
+                   w2_ptr, w3_ptr, N2, RP, MODE, BMP, BNS, BK, IEEE, VEC, ST, FOLD=FOLD, STF=STF,
+                   s_ptr=s_ptr, W8=W8)
 
 
 @triton.jit
 def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR, w2_ptr, w3_ptr, N2, RP, SPL,
                      QKV: tl.constexpr, BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
-                     VEC: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr):
+                     VEC: tl.constexpr, BM2: tl.constexpr, ST: tl.constexpr, s_ptr=0, W8: tl.constexpr = 0):
     """Split-K Y = X W^T for many activation rows: program p streams k-range (p % SPL) of weight
     slab (p // SPL) (RP rows), so it reads only 1/SPL of every activation row while its slab is
     SPL times taller than an unsplit one; x re-reads fall by SPL for the same accumulator size.
@@ -233,7 +288,7 @@ def _ph_linear_split(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, part_ptr, MR,
             for m0 in range(0, M, BM + BM2):
                 rm, rm2 = _row_tiles(m0, BM, BM2)
                 acc, acc2 = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi, BNS, BM, BK, IEEE, BM2,
-                                         ST)
+                                         ST, _row_scale(s_ptr, rr, rmask, W8), W8)
                 tl.store(part_ptr + (sp * MR + rm[None, :]) * NT + rr[:, None], acc,
                          mask=rmask[:, None] & (rm[None, :] < M))
                 if BM2 > 0:
@@ -289,11 +344,13 @@ def _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N):
 @triton.jit
 def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, BM2: tl.constexpr,
-               ST: tl.constexpr, PACK: tl.constexpr = False):
+               ST: tl.constexpr, PACK: tl.constexpr = False, sg_ptr=0, su_ptr=0, W8: tl.constexpr = 0):
     """act = silu(x Wg^T) * (x Wu^T), each op rounded to the compute dtype like the reference.
     One slab of RP rows of both matrices per program (sub-slabs of BNS rows, tiles of BM (+ BM2)
     activation rows, as in ``_ph_linear``), both matrices streamed in the same k-loop. PACK:
-    both matrices are packed per slab (``_slab_base``)."""
+    both matrices are packed per slab (``_slab_base``). W8 / sg_ptr, su_ptr: both matrices' weight
+    format and row scales."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
@@ -301,6 +358,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
         rmask = (rp < RP) & (rr < N)
         wgrow, kstep = _slab_base(wg_ptr, pid, RP, Kd, rp, PACK, BK)
         wurow, _ = _slab_base(wu_ptr, pid, RP, Kd, rp, PACK, BK)
+        sgr = _row_scale(sg_ptr, rr, rmask, W8)
+        sur = _row_scale(su_ptr, rr, rmask, W8)
         for m0 in range(0, M, BM + BM2):
             rm, rm2 = _row_tiles(m0, BM, BM2)
             acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
@@ -316,6 +375,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wmask = rmask[:, None] & (kk[None, :] < Kd)
                 wg = tl.load(wgrow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
+                wg = _w_operand(wg, sgr, DT, W8)
+                wu = _w_operand(wu, sur, DT, W8)
                 x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 acc_g = _mma(wg, x, acc_g, IEEE)
                 acc_u = _mma(wu, x, acc_u, IEEE)
@@ -323,15 +384,15 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                     x2 = _x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
                     acc_g2 = _mma(wg, x2, acc_g2, IEEE)
                     acc_u2 = _mma(wu, x2, acc_u2, IEEE)
-            _gateup_out(acc_g, acc_u, rr, rmask, rm, M, y_ptr, N)
+            _gateup_out(_acc_scaled(acc_g, sgr, W8), _acc_scaled(acc_u, sur, W8), rr, rmask, rm, M, y_ptr, N)
             if BM2 > 0:
-                _gateup_out(acc_g2, acc_u2, rr, rmask, rm2, M, y_ptr, N)
+                _gateup_out(_acc_scaled(acc_g2, sgr, W8), _acc_scaled(acc_u2, sur, W8), rr, rmask, rm2, M, y_ptr, N)
 
 
 @triton.jit
 def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh_ptr, RP,
                    BM: tl.constexpr, BNS: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, VEC: tl.constexpr,
-                   ST: tl.constexpr):
+                   ST: tl.constexpr, s_ptr=0, W8: tl.constexpr = 0):
     """EAGLE-3's next-depth QKV, hidden half, ahead of time: its input is
     ``[norm(embed(token)) | hidden_norm(parent's hidden)]``, and the second half depends only on
     the parent row, which is one of this depth's R rows. So ``qh[p] = x[p] @ Wqkv[:, H:2H]^T``
@@ -339,11 +400,12 @@ def _ph_qkv_hidden(pid, nprog, R, x_ptr, H, wq_ptr, wk_ptr, wv_ptr, NQ, NKVD, qh
     ranking keeps a few programs busy and the rest would wait at the barrier; the next QKV
     streams only the embedding half and adds ``qh[parent]`` (``_ph_linear`` MODE 7). Slabs of
     RP rows go to the programs after the R that merge rows (all programs, after their rows,
-    when the grid is too small for that)."""
+    when the grid is too small for that). With power-of-two scales (W8 1) each half is scaled
+    on its own: s*a + s*b = s*(a + b) exactly."""
     NT = NQ + 2 * NKVD
     S = tl.cdiv(NT, RP)
     off = tl.where(R + S <= nprog, R, 0)
     if pid >= off:
         for v in range(pid - off, S, nprog - off):  # slab v: _ph_linear's QKV mode, stored in fp32
             _ph_linear(v, nprog, x_ptr, H, R, wq_ptr + H, NQ, 2 * H, H, qh_ptr, NT, qh_ptr, NT, qh_ptr,
-                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST)
+                       wk_ptr + H, wv_ptr + H, NKVD, RP, 4, BM, BNS, BK, IEEE, VEC, ST, s_ptr=s_ptr, W8=W8)

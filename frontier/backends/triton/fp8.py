@@ -1,0 +1,128 @@
+"""How the triton drafter streams each weight matrix of a head: in the compute dtype, or as fp8
+(e4m3) with per-output-channel scales, in whichever exact form the scales allow.
+
+A weight's value is its dequantized form ``(w.float() * scale).to(dtype)``
+(:func:`frontier.weights.dequantize_fp8`), what torch_ref computes with. The kernels stream the
+e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
+
+- ``FP8_EXACT`` (1): every scale of the matrix is a power of two and every dequantized weight
+  is exact in the compute dtype (always so for bf16 and fp32 with the loader's power-of-two
+  scales). The weights are converted to the compute dtype without rounding and the row scale
+  multiplies the fp32 accumulator once after the k-loop, which gives the same bits as the dot
+  with the dequantized weights, at no per-element cost.
+- ``FP8_DEQUANT`` (2): any other scales. Each weight is widened, multiplied by its row's scale
+  and rounded to the compute dtype in registers, as the reference does.
+
+The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
+and the lm_head. The matrices of one stream share a format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import InputError
+from ...weights import FP8, dequantize_fp8
+
+PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class StreamFormats:
+    """The weight format of every stream (``PLAIN``, ``FP8_EXACT`` or ``FP8_DEQUANT``)."""
+
+    fc: int = PLAIN
+    qkv: int = PLAIN
+    o: int = PLAIN
+    gu: int = PLAIN
+    d: int = PLAIN
+    lm: int = PLAIN
+
+    def const(self) -> dict:
+        """The kernel's compile-time constants W8_*."""
+        return dict(W8_FC=self.fc, W8_QKV=self.qkv, W8_O=self.o, W8_GU=self.gu, W8_D=self.d, W8_LM=self.lm)
+
+    def weight_bytes(self, stream: str, dtype: torch.dtype) -> int:
+        """Bytes of one weight element of ``stream`` ('fc', 'qkv', ...)."""
+        return 1 if getattr(self, stream) != PLAIN else dtype.itemsize
+
+
+def _stream_keys(weights) -> dict[str, tuple[str, ...]]:
+    p = "midlayer" if weights.architecture == "eagle3" else "layers.0"
+    attn, mlp = f"{p}.self_attn", f"{p}.mlp"
+    return {
+        "fc": ("fc.weight",),
+        "qkv": tuple(f"{attn}.{n}_proj.weight" for n in "qkv"),
+        "o": (f"{attn}.o_proj.weight",),
+        "gu": (f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"),
+        "d": (f"{mlp}.down_proj.weight",),
+        "lm": ("lm_head.weight",),
+    }
+
+
+def _exact(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every scale is a power of two and every dequantized weight exact in ``dtype``."""
+    if not bool((torch.frexp(scale).mantissa == 0.5).all()):
+        return False
+    wide = w.to(torch.float32) * scale[:, None]
+    return bool((dequantize_fp8(w, scale, dtype).to(torch.float32) == wide).all())
+
+
+def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
+    """Each stream's format for drafting ``weights`` in ``dtype``; an :class:`InputError` when
+    the matrices of one stream mix fp8 and the compute dtype. The exactness check reads the
+    weights once; its result is kept while no tensor of the head changes."""
+    if not weights.is_fp8:
+        return StreamFormats()
+    stamp = weights._stamp()
+    hit = weights._memo.get(("triton_formats", dtype))
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    state = weights.state_dict()
+    out = {}
+    for stream, keys in _stream_keys(weights).items():
+        fp8 = [state[k].dtype == FP8 for k in keys]
+        if any(fp8) and not all(fp8):
+            raise InputError(
+                f"backend 'triton' streams {', '.join(repr(k) for k in keys)} as one matrix: they must all be fp8 "
+                f"or all {dtype}, got {[str(state[k].dtype) for k in keys]}; use backend='torch_ref'"
+            )
+        if not fp8[0]:
+            out[stream] = PLAIN
+        elif all(_exact(state[k], weights.scales[k], dtype) for k in keys):
+            out[stream] = FP8_EXACT
+        else:
+            out[stream] = FP8_DEQUANT
+    formats = StreamFormats(**out)
+    weights._memo[("triton_formats", dtype)] = (stamp, formats)
+    return formats
+
+
+def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The kernel's scale arguments (s*_ptr): each fp8 stream's fp32 row scales, the QKV stream's
+    concatenated over [q; k; v] (made once and kept while the head is unchanged); ``dummy``
+    stands in for the streams in the compute dtype (never read)."""
+    keys = _stream_keys(weights)
+    sc = weights.scales
+
+    def one(stream: str) -> torch.Tensor:
+        ks = keys[stream]
+        return sc[ks[0]] if ks[0] in sc else dummy
+
+    qkv = dummy
+    if keys["qkv"][0] in sc:
+        stamp = tuple((id(sc[k]), sc[k]._version) for k in keys["qkv"])
+        hit = weights._memo.get("triton_qkv_scale")
+        if hit is None or hit[0] != stamp:
+            cat = torch.cat([sc[k] for k in keys["qkv"]])
+            if hit is not None and hit[1].shape == cat.shape:  # in place: a captured graph keeps its address
+                hit[1].copy_(cat)
+                cat = hit[1]
+            hit = (stamp, cat)
+            weights._memo["triton_qkv_scale"] = hit
+        qkv = hit[1]
+    gate, up = keys["gu"]
+    return dict(sfc_ptr=one("fc"), sqkv_ptr=qkv, so_ptr=one("o"), sg_ptr=sc.get(gate, dummy),
+                su_ptr=sc.get(up, dummy), sd_ptr=one("d"), slm_ptr=one("lm"))

@@ -1,0 +1,263 @@
+"""fp8 heads on the triton backend: the e4m3 streams draft the bits of the dequantized head.
+
+An fp8 head's value is its dequantized weights (``DraftWeights.dequantized``). With the same
+k-chunks (the tiny heads here get the same chunking in both formats) the triton launch over the
+e4m3 bytes must equal, bit for bit, the launch over the dequantized weights - in both kernel
+forms (power-of-two scales on the accumulator; any scale dequantized in registers) and on every
+launch shape (narrow, wide split-K, unpacked, the QKV hidden half ahead). In fp32 the trees also
+equal torch_ref's on the fp8 head. GPU-only tests add bf16 and the real launch modes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import frontier
+from frontier import Drafter, InputError, frontier_generate
+from frontier.backends.triton.fp8 import FP8_DEQUANT, FP8_EXACT, PLAIN, StreamFormats, stream_formats
+from frontier.backends.triton.launch import Launcher
+from frontier.backends.triton.tuning import Tuning
+from frontier.random_head import random_config, random_inputs, random_weights
+from frontier.weights import FP8
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+pytestmark = pytest.mark.skipif(
+    not (INTERPRET or HAS_CUDA) or frontier.get_backend("triton").availability()[0] is False,
+    reason="triton backend unavailable here",
+)
+
+HEADS = {
+    "eagle3": dict(vocab_size=64, target_vocab_size=100, total_token=12, depth=3, top_k=3),
+    "eagle2": dict(vocab_size=40, total_token=9, depth=2, top_k=3, hidden_size=40, num_attention_heads=5,
+                   num_key_value_heads=1, intermediate_size=56),
+}
+LAUNCHES = {  # launch shapes of the GPU, on the interpreter's tiny heads
+    "narrow": Tuning(),
+    "wide": Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64),
+    "unpacked": Tuning(pack_weights=False, lin_fold=1),
+    "ahead": Tuning(grid=12, BM=32),  # EAGLE-3's QKV hidden half streamed during MERGE
+}
+
+
+def _head(arch, dtype, power_of_two, seed=0):
+    cfg = random_config(architecture=arch, **HEADS[arch])
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
+    return cfg, w.quantized(power_of_two=power_of_two)
+
+
+def _draft_sequence(cfg, w, seed, tuning, chunks=(6, 2), batch=1):
+    """Two calls per sequence on one cache each; ``batch`` sequences per call."""
+    out, caches, c = [], None, 0
+    inputs = [random_inputs(cfg, context=sum(chunks), seed=seed + b, dtype=w.dtype) for b in range(batch)]
+    for n in chunks:
+        frs = frontier_generate(cfg, [f[:, c:c + n].to(DEVICE) for _, f in inputs], backend="triton",
+                                input_ids=[ids[:, : c + n + 1].to(DEVICE) for ids, _ in inputs], weights=w,
+                                cache=caches, tuning=tuning, padded=True)
+        caches = [fr.cache for fr in frs]
+        out.append(frs)
+        c += n
+    return out
+
+
+def _assert_identical(a_calls, b_calls):
+    for a_frs, b_frs in zip(a_calls, b_calls):
+        for a, b in zip(a_frs, b_frs):
+            assert torch.equal(a.draft_tokens, b.draft_tokens)
+            assert torch.equal(a.retrieve_indices, b.retrieve_indices)
+            assert torch.equal(a.tree_mask, b.tree_mask)
+            assert torch.equal(a.scores, b.scores)
+            n = a.cache.length
+            assert n == b.cache.length
+            assert torch.equal(a.cache.k[:, :, :n], b.cache.k[:, :, :n])
+            assert torch.equal(a.cache.v[:, :, :n], b.cache.v[:, :, :n])
+
+
+# (architecture, dtype, power-of-two scales, launch, batch)
+BITS = [
+    ("eagle3", torch.float32, True, "narrow", 1),
+    ("eagle3", torch.float32, False, "narrow", 1),
+    ("eagle3", torch.float16, True, "narrow", 1),
+    ("eagle3", torch.float16, False, "ahead", 1),
+    ("eagle3", torch.float32, True, "ahead", 1),
+    ("eagle3", torch.float16, True, "wide", 2),
+    ("eagle3", torch.float32, False, "wide", 2),
+    ("eagle3", torch.float16, False, "unpacked", 1),
+    ("eagle2", torch.float32, True, "narrow", 1),
+    ("eagle2", torch.float16, False, "wide", 2),
+]
+
+
+@pytest.mark.parametrize("arch,dtype,pow2,launch,batch", BITS)
+def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, launch, batch):
+    cfg, q = _head(arch, dtype, pow2, seed=len(arch) + batch)
+    tuning = LAUNCHES[launch]
+    form = stream_formats(q, dtype)
+    assert set(vars(form).values()) == {FP8_EXACT if pow2 else FP8_DEQUANT}
+    plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
+    fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
+    chunks = [k for k in plain if k.startswith("BK")]
+    assert {k: plain[k] for k in chunks} == {k: fp8[k] for k in chunks}  # the same k-chunks: the same sums
+    _assert_identical(_draft_sequence(cfg, q, 11, tuning, batch=batch),
+                      _draft_sequence(cfg, q.dequantized(), 11, tuning, batch=batch))
+
+
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_fp32_fp8_head_matches_torch_ref(arch):
+    cfg, q = _head(arch, torch.float32, True, seed=5)
+    ids, feats = random_inputs(cfg, context=9, seed=6)
+    cache_r = cache_t = None
+    c = 0
+    for n in (6, 3):
+        kw = dict(input_ids=ids[:, : c + n + 1].to(DEVICE), weights=q)
+        ref = frontier_generate(cfg, feats[:, c:c + n].to(DEVICE), backend="torch_ref", cache=cache_r, **kw)
+        tri = frontier_generate(cfg, feats[:, c:c + n].to(DEVICE), backend="triton", cache=cache_t, **kw)
+        assert ref.same_tree(tri), (ref.draft_tokens.tolist(), tri.draft_tokens.tolist())
+        torch.testing.assert_close(ref.scores.cpu(), tri.scores.cpu(), rtol=0, atol=1e-4)
+        cache_r, cache_t, c = ref.cache, tri.cache, c + n
+
+
+def test_stream_formats_follow_the_scales_and_the_compute_dtype():
+    cfg, w = _head("eagle3", torch.float32, True)
+    plain = random_weights(cfg, seed=0, device=DEVICE)
+    assert stream_formats(plain, torch.float32) == StreamFormats()
+    assert stream_formats(w, torch.float32) == StreamFormats(*[FP8_EXACT] * 6)
+    # a scale that is no power of two: that stream is dequantized in registers, the rest stay exact
+    lm = w.scales["lm_head.weight"]
+    with torch.no_grad():
+        lm[0] = lm[0] * 1.5
+    assert stream_formats(w, torch.float32).lm == FP8_DEQUANT  # (the in-place write is seen)
+    assert stream_formats(w, torch.float32).qkv == FP8_EXACT
+    # powers of two whose products fall below fp16's range are not exact in fp16
+    _, h = _head("eagle3", torch.float16, True)
+    with torch.no_grad():
+        h.scales["fc.weight"].fill_(2.0 ** -26)
+    form = stream_formats(h, torch.float16)
+    assert form.fc == FP8_DEQUANT and form.o == FP8_EXACT
+
+
+def test_a_stream_mixing_fp8_and_plain_matrices_is_refused():
+    cfg, w = _head("eagle3", torch.float32, True)
+    k = "midlayer.self_attn.k_proj.weight"
+    w.layers[0].k_proj = w.dequantized().layers[0].k_proj
+    del w.scales[k]
+    w.validate(cfg)  # a valid head: torch_ref drafts it
+    ids, feats = random_inputs(cfg, context=5, seed=1)
+    frontier_generate(cfg, feats.to(DEVICE), input_ids=ids.to(DEVICE), weights=w, backend="torch_ref")
+    with pytest.raises(InputError, match="k_proj.*one matrix.*torch_ref"):
+        frontier_generate(cfg, feats.to(DEVICE), input_ids=ids.to(DEVICE), weights=w, backend="triton")
+
+
+def test_fp8_streams_take_k_chunks_of_the_same_bytes():
+    """On the GPU's launch shape (132 programs) each fp8 stream holds twice the elements per
+    pipeline stage of the bf16 stream: the same bytes in flight."""
+    from frontier.bench import PRESETS
+
+    cfg = frontier.FrontierConfig(total_token=60, depth=7, top_k=10, architecture="eagle3",
+                                  **PRESETS["eagle3-llama3.1-8b"])
+    tn = Tuning(grid=132)
+    plain = Launcher(cfg, torch.bfloat16, torch.device("cpu"), tn).plan(1)
+    fp8 = Launcher(cfg, torch.bfloat16, torch.device("cpu"), tn, StreamFormats(*[FP8_EXACT] * 6)).plan(1)
+    for bk, bns in (("BK_QKV", "BNS_QKV"), ("BK_GU", "BNS_GU"), ("BK_LM", "BNS_LM")):
+        assert fp8.const[bns] == plain.const[bns]
+        assert fp8.const[bk] == 2 * plain.const[bk]
+    assert fp8.const["W8_LM"] == FP8_EXACT and plain.const["W8_LM"] == PLAIN
+
+
+def test_the_drafter_drafts_fp8_heads_as_frontier_generate_does():
+    cfg, q = _head("eagle3", torch.float32, False, seed=3)
+    d = Drafter(cfg, q, backend="triton", max_batch=2, max_context=24, device=DEVICE)
+    g = torch.Generator().manual_seed(4)
+    ids = [torch.randint(0, cfg.target_vocab_size, (1, n + 1), generator=g).to(DEVICE) for n in (7, 5)]
+    feats = [torch.randn(1, n, cfg.feature_size, generator=g).to(DEVICE) for n in (7, 5)]
+    refs = [frontier_generate(cfg, f, input_ids=i, weights=q, backend="triton", padded=True,
+                              cache_max_length=d.max_context) for f, i in zip(feats, ids)]
+    for slot, (f, i) in enumerate(zip(feats, ids)):
+        d.prefill(slot, f, i)
+    new_ids = [torch.randint(0, cfg.target_vocab_size, (1, n), generator=g).to(DEVICE) for n in (2, 3)]
+    new_feats = [torch.randn(1, n, cfg.feature_size, generator=g).to(DEVICE) for n in (2, 3)]
+    for slot in range(2):
+        d.stage(slot, new_feats[slot], new_ids[slot][0])
+    d.draft(2)
+    steps = frontier_generate(cfg, new_feats, input_ids=[torch.cat([i, n], 1) for i, n in zip(ids, new_ids)],
+                              weights=q, backend="triton", cache=[r.cache for r in refs], padded=True)
+    for slot, ref in enumerate(steps):
+        fr = d.frontier(slot)
+        assert fr.same_tree(ref) and torch.equal(fr.scores, ref.scores)
+        assert not bool(fr.invalid)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+def _medium(arch="eagle3"):
+    return random_config(architecture=arch, hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
+                         intermediate_size=1408, vocab_size=4000, target_vocab_size=16000 if arch == "eagle3" else None,
+                         total_token=60, depth=6, top_k=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["graph", "persistent"])
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
+def test_gpu_fp32_fp8_medium_head_matches_torch_ref(arch, pow2, mode):
+    cfg = _medium(arch)
+    for seed in range(3):
+        q = random_weights(cfg, seed=seed, device="cuda", lm_head_scale=6.0).quantized(power_of_two=pow2)
+        ids, feats = random_inputs(cfg, context=70, seed=seed + 100, device="cuda")
+        cr = ct = None
+        c = 0
+        for n in (64, 6):
+            kw = dict(input_ids=ids[:, : c + n + 1], weights=q, padded=True)
+            ref = frontier_generate(cfg, feats[:, c:c + n], backend="torch_ref", cache=cr, **kw)
+            tri = frontier_generate(cfg, feats[:, c:c + n], backend="triton", cache=ct, mode=mode, **kw)
+            assert ref.same_tree(tri), f"seed {seed} call {n}"
+            cr, ct, c = ref.cache, tri.cache, c + n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pow2", [True, False])
+def test_gpu_half_fp8_differences_are_near_ties_of_the_reference(dtype, pow2):
+    """bf16/fp16: triton's fp8 trees equal torch_ref's on the same fp8 head except where the
+    reference's own scores nearly tie (frontier.parity.near_tie_report), as for 16-bit heads."""
+    from frontier.parity import near_tie_report
+
+    cfg = _medium()
+    reports = []
+    for seed in range(6):
+        q = random_weights(cfg, seed=seed, device="cuda", dtype=dtype, lm_head_scale=6.0).quantized(power_of_two=pow2)
+        assert q.layers[0].q_proj.dtype == FP8
+        ids, feats = random_inputs(cfg, context=68, seed=seed + 1000, device="cuda", dtype=dtype)
+        cr = ct = None
+        c = 0
+        for n in (64, 4):
+            kw = dict(input_ids=ids[:, : c + n + 1], weights=q, trace=True)
+            r = frontier_generate(cfg, feats[:, c:c + n], backend="torch_ref", cache=cr, **kw)
+            t = frontier_generate(cfg, feats[:, c:c + n], backend="triton", cache=ct, **kw)
+            reports.append(near_tie_report(r, t, cfg))
+            cr, ct, c = r.cache, t.cache, c + n
+    assert all(rep.explained for rep in reports), [str(rep) for rep in reports if not rep.explained]
+    assert sum(rep.identical for rep in reports) >= len(reports) // 2
+
+
+@pytest.mark.gpu
+def test_gpu_captured_drafter_replays_fp8_drafts():
+    cfg = _medium()
+    q = random_weights(cfg, seed=2, device="cuda", dtype=torch.bfloat16, lm_head_scale=6.0).quantized()
+    d = Drafter(cfg, q, backend="triton", max_batch=2, max_context=96, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for slot, n in enumerate((40, 33)):
+        ids = torch.randint(0, cfg.target_vocab_size, (1, n + 1), generator=g, device="cuda")
+        d.prefill(slot, torch.randn(1, n, cfg.feature_size, generator=g, device="cuda").bfloat16(), ids)
+    for slot in range(2):
+        d.stage(slot, torch.randn(1, 3, cfg.feature_size, generator=g, device="cuda").bfloat16(),
+                torch.randint(0, cfg.target_vocab_size, (3,), generator=g, device="cuda"))
+    d.draft(2, commit=False)
+    eager = [d.frontier(s).draft_tokens.clone() for s in range(2)]
+    d.replay(2, commit=False)
+    d.replay(2, commit=False)
+    assert all(torch.equal(d.frontier(s).draft_tokens, eager[s]) for s in range(2))
