@@ -268,13 +268,12 @@ def bench_weights(case: BenchCase, cfg: FrontierConfig, *, device: Any, dtype: t
     return w.quantized() if case.weights == "fp8" else w
 
 
-def launcher(setup):
-    """The triton backend's drafter for a setup's head (its weight formats included)."""
+def launcher(cfg: FrontierConfig, weights: DraftWeights, dtype: torch.dtype, device: Any):
+    """The triton backend's drafter for a head (its weight formats included)."""
     from .backends.triton.fp8 import stream_formats
     from .registry import get_backend
 
-    return get_backend("triton").drafter(setup.cfg, setup.dtype, torch.device(setup.device),
-                                         formats=stream_formats(setup.weights, setup.dtype))
+    return get_backend("triton").drafter(cfg, dtype, torch.device(device), formats=stream_formats(weights, dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -405,7 +404,7 @@ def run_case(case: BenchCase, *, backends: list[str], device: Any, dtype: torch.
                                                                    device_only=True)
             del drafter
         if name == "triton":
-            row.packed_mb = launcher(setup).packed_bytes / 1e6
+            row.packed_mb = launcher(setup.cfg, setup.weights, dtype, device).packed_bytes / 1e6
     del setup
     torch.cuda.empty_cache()
     return row
@@ -434,7 +433,7 @@ def static_drafter(setup, backend: str):
 def triton_kernel_only(setup, mode: str = "graph") -> None:
     """The triton backend's device work alone (no validation, no tree packing): one launch (or
     graph replay) for the setup's sequence (CallSetup) or its whole batch (BatchCallSetup)."""
-    d = launcher(setup)
+    d = launcher(setup.cfg, setup.weights, setup.dtype, setup.device)
     if isinstance(setup, BatchCallSetup):
         seqs = setup.triton_seqs()
         d.alloc_outputs(len(seqs))
@@ -451,7 +450,7 @@ def phase_breakdown(case: BenchCase, *, device: Any, dtype: torch.dtype, reps: i
     global timer after every grid barrier, so each phase's time includes its barrier. Summed
     over depths (context-step phases listed separately)."""
     setup = CallSetup(case, device=device, dtype=dtype)
-    d = launcher(setup)
+    d = launcher(setup.cfg, setup.weights, setup.dtype, setup.device)
     ids = setup.ids[0, 1:]
     d.alloc_outputs()
     runs = []
@@ -504,7 +503,8 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
             if v not in variants:
                 variants.append(v)
     head = f"device: {rows[0].device if rows else '?'}   copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read+write)\n"
-    cols = ["preset", "weights", "depth", "batch", "MB/call", "floor ms"]
+    formats = any(r.weights != "plain" for r in rows)  # a weights column once a row is not plain
+    cols = ["preset"] + (["weights"] if formats else []) + ["depth", "batch", "MB/call", "floor ms"]
     for v in variants:
         cols += [f"{v} ms", f"{v} %floor"]
     if "torch_ref" in variants:
@@ -513,7 +513,8 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
         cols += [f"{v} ms/seq" for v in variants] + [f"{v} x b1" for v in variants]
     lines = [cols]
     for r in rows:
-        line = [r.preset, r.weights, str(r.depth), r.label, f"{r.weight_mb:.0f}", f"{r.floor_ms:.3f}"]
+        line = [r.preset] + ([r.weights] if formats else []) + [str(r.depth), r.label, f"{r.weight_mb:.0f}",
+                                                                 f"{r.floor_ms:.3f}"]
         for v in variants:
             if v in r.results:
                 line += [f"{r.results[v]:.3f}", f"{r.pct(v):.1f}%"]
@@ -533,7 +534,7 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
     widths = [max(len(l[i]) for l in lines) for i in range(len(cols))]
     out = [" | ".join(c.ljust(w) for c, w in zip(l, widths)) for l in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
-    packed = {f"{r.preset} {r.weights}": r.packed_mb for r in rows if r.packed_mb > 0}
+    packed = {r.preset + (f" {r.weights}" if formats else ""): r.packed_mb for r in rows if r.packed_mb > 0}
     if packed:  # the memory the speed costs (extra to the head's weights)
         out.append("triton's packed weight copies (Tuning.pack_weights, kept per head): "
                    + ", ".join(f"{p} {mb:.0f} MB" for p, mb in packed.items()))

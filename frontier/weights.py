@@ -59,10 +59,13 @@ def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.T
     to a power of two by default. A power-of-two scale loses at most one binade at the bottom of
     the range, and makes ``weight * scale`` exact in bf16 and fp32, so a kernel may apply the
     scale to its fp32 accumulator instead of to every weight element and get the same bits.
-    An all-zero row gets scale 1."""
+    An all-zero row gets scale 1; a weight with NaN or Inf is a :class:`WeightsError`."""
     wf = w.detach().to(torch.float32)
     amax = wf.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    if not bool(torch.isfinite(amax).all()):
+        raise WeightsError("quantize_fp8: the weight holds non-finite values (NaN or +-Inf)")
+    tiny = torch.finfo(torch.float32).tiny  # (a row of subnormal values keeps a normal, non-zero scale)
+    scale = torch.where(amax > 0, (amax / FP8_MAX).clamp_min(tiny), torch.ones_like(amax))
     if power_of_two:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = (wf / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
@@ -225,6 +228,10 @@ class DraftWeights:
     def to(self, device: Any = None, dtype: Optional[torch.dtype] = None) -> "DraftWeights":
         """A copy moved/cast (floating tensors take ``dtype``; d2t stays int64; fp8 weights stay
         fp8 and their scales fp32 - ``dtype`` is the activation dtype)."""
+
+        if dtype is not None and (dtype.itemsize == 1 or not dtype.is_floating_point):
+            raise WeightsError(f"DraftWeights.to: dtype is the activation dtype (float32, float16 or bfloat16), got "
+                               f"{dtype}; quantize linear weights with quantized()")
 
         def conv(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
             if t is None:

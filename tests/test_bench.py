@@ -6,6 +6,7 @@ each sequence exactly as a single call on the same cache state would, the table'
 and ``run_case``'s wiring with the CUDA timer replaced.
 """
 
+import dataclasses
 import json
 import os
 from types import SimpleNamespace
@@ -533,3 +534,13 @@ def test_phase_totals_sums_each_phase_over_depths_from_median_step_times():
     assert per["lmhead"] == pytest.approx(sum(2 * (j + 1) / 1e3 for j, c in enumerate(sched)
                                               if c // 256 == Phase.LMHEAD and c % 256 != CONTEXT_STEP))
     assert "ctx fc" in per and "fc" not in per and "final" in per
+
+
+def test_fp8_rows_get_a_weights_column_and_their_own_batch_1_ratio():
+    rows = rows_fixture()[:2]
+    fp8 = [dataclasses.replace(r, weights="fp8", results={k: v / 2 for k, v in r.results.items()}) for r in rows]
+    header, body = table_cells(format_table(rows + fp8, 4.0e12))
+    assert header[:3] == ["preset", "weights", "depth"]
+    assert [b["weights"] for b in body] == ["plain", "plain", "fp8", "fp8"]
+    assert body[3]["triton x b1"] == body[1]["triton x b1"] == "2.00x"  # each format against its own batch 1
+    assert "weights" not in table_cells(format_table(rows, 4.0e12))[0]

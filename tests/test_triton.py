@@ -346,7 +346,8 @@ def _drafting_with(monkeypatch, d):
     instead of the backend's own drafter for its head."""
     from frontier.backends.triton.backend import TritonBackend
 
-    monkeypatch.setattr(TritonBackend, "drafter", lambda self, cfg_, dtype, device, pack_weights=True, tuning=None: d)
+    monkeypatch.setattr(TritonBackend, "drafter",
+                        lambda self, cfg_, dtype, device, pack_weights=True, tuning=None, formats=None: d)
 
 
 def _batch_vs_single(cfg, w, seqs, g, device, calls, sampling=False, **opts):
