@@ -14,10 +14,13 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import frontier
 from frontier import Drafter, InputError, frontier_generate
-from frontier.backends.triton.fp8 import FP8_DEQUANT, FP8_EXACT, PLAIN, StreamFormats, stream_formats
+from frontier.backends.triton.fp8 import BF16_BITS, FP8_DEQUANT, FP8_EXACT, PLAIN, StreamFormats, stream_formats
+from frontier.backends.triton.kernels.stream import _e4m3_bf16
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
 from frontier.random_head import random_config, random_inputs, random_weights
@@ -79,17 +82,18 @@ def _assert_identical(a_calls, b_calls):
 
 
 # (architecture, dtype, power-of-two scales, launch, batch)
+_slow = pytest.mark.slow
 BITS = [
     ("eagle3", torch.float32, True, "narrow", 1),
-    ("eagle3", torch.float32, False, "narrow", 1),
-    ("eagle3", torch.float16, True, "narrow", 1),
+    pytest.param("eagle3", torch.float32, False, "narrow", 1, marks=_slow),
+    pytest.param("eagle3", torch.float16, True, "narrow", 1, marks=_slow),
     ("eagle3", torch.float16, False, "ahead", 1),
-    ("eagle3", torch.float32, True, "ahead", 1),
+    pytest.param("eagle3", torch.float32, True, "ahead", 1, marks=_slow),
     ("eagle3", torch.float16, True, "wide", 2),
-    ("eagle3", torch.float32, False, "wide", 2),
+    pytest.param("eagle3", torch.float32, False, "wide", 2, marks=_slow),
     ("eagle3", torch.float16, False, "unpacked", 1),
     ("eagle2", torch.float32, True, "narrow", 1),
-    ("eagle2", torch.float16, False, "wide", 2),
+    pytest.param("eagle2", torch.float16, False, "wide", 2, marks=_slow),
 ]
 
 
@@ -139,6 +143,17 @@ def test_stream_formats_follow_the_scales_and_the_compute_dtype():
         h.scales["fc.weight"].fill_(2.0 ** -26)
     form = stream_formats(h, torch.float16)
     assert form.fc == FP8_DEQUANT and form.o == FP8_EXACT
+
+
+def test_bf16_on_a_gpu_converts_e4m3_with_integer_ops(monkeypatch):
+    _, w = _head("eagle3", torch.float32, True)
+    bf = w.to(dtype=torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the format is chosen for a GPU launch; nothing runs)
+    assert stream_formats(bf, torch.bfloat16) == StreamFormats(*[FP8_EXACT + BF16_BITS] * 6)
+    assert stream_formats(bf.dequantized().quantized(power_of_two=False), torch.bfloat16).lm == FP8_DEQUANT + BF16_BITS
+    assert stream_formats(w.to(dtype=torch.float16), torch.float16).fc == FP8_EXACT  # only bf16 has the bit form
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert stream_formats(bf, torch.bfloat16).fc == FP8_EXACT
 
 
 def test_a_stream_mixing_fp8_and_plain_matrices_is_refused():
@@ -193,6 +208,21 @@ def test_the_drafter_drafts_fp8_heads_as_frontier_generate_does():
 
 
 # ---------------------------------------------------------------------------------------------- GPU
+@triton.jit
+def _convert_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(y_ptr + r, _e4m3_bf16(tl.load(x_ptr + r)))
+
+
+@pytest.mark.gpu
+def test_gpu_integer_e4m3_to_bf16_is_exact_for_every_byte():
+    x = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8).view(FP8)
+    y = torch.empty(256, dtype=torch.bfloat16, device="cuda")
+    _convert_kernel[(1,)](x, y, N=256)
+    finite = (torch.arange(256, device="cuda") & 0x7F) != 0x7F  # 0x7F / 0xFF are NaN
+    assert torch.equal(y.view(torch.int16)[finite], x.to(torch.bfloat16).view(torch.int16)[finite])
+
+
 def _medium(arch="eagle3"):
     return random_config(architecture=arch, hidden_size=512, num_attention_heads=8, num_key_value_heads=2,
                          intermediate_size=1408, vocab_size=4000, target_vocab_size=16000 if arch == "eagle3" else None,
@@ -240,7 +270,6 @@ def test_gpu_half_fp8_differences_are_near_ties_of_the_reference(dtype, pow2):
             reports.append(near_tie_report(r, t, cfg))
             cr, ct, c = r.cache, t.cache, c + n
     assert all(rep.explained for rep in reports), [str(rep) for rep in reports if not rep.explained]
-    assert sum(rep.identical for rep in reports) >= len(reports) // 2
 
 
 @pytest.mark.gpu

@@ -13,6 +13,10 @@ e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 - ``FP8_DEQUANT`` (2): any other scales. Each weight is widened, multiplied by its row's scale
   and rounded to the compute dtype in registers, as the reference does.
 
+In bf16 on a GPU either form adds ``BF16_BITS``: the e4m3 -> bf16 conversion is done with integer
+ops and one exact bf16 multiply (``kernels.stream._e4m3_bf16``) instead of conversion
+instructions, whose issue rate would bind the stream.
+
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
 and the lm_head. The matrices of one stream share a format.
 """
@@ -27,11 +31,13 @@ from ...errors import InputError
 from ...weights import FP8, dequantize_fp8
 
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
+BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
 
 
 @dataclass(frozen=True)
 class StreamFormats:
-    """The weight format of every stream (``PLAIN``, ``FP8_EXACT`` or ``FP8_DEQUANT``)."""
+    """The weight format of every stream (``PLAIN``, ``FP8_EXACT`` or ``FP8_DEQUANT``, the latter two
+    possibly + ``BF16_BITS``)."""
 
     fc: int = PLAIN
     qkv: int = PLAIN
@@ -74,10 +80,13 @@ def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
     """Each stream's format for drafting ``weights`` in ``dtype``; an :class:`InputError` when
     the matrices of one stream mix fp8 and the compute dtype. The exactness check reads the
     weights once; its result is kept while no tensor of the head changes."""
+    from .plan import interpreting
+
     if not weights.is_fp8:
         return StreamFormats()
+    bits = BF16_BITS if dtype == torch.bfloat16 and not interpreting() else 0
     stamp = weights._stamp()
-    hit = weights._memo.get(("triton_formats", dtype))
+    hit = weights._memo.get(("triton_formats", dtype, bits))
     if hit is not None and hit[0] == stamp:
         return hit[1]
     state = weights.state_dict()
@@ -92,11 +101,11 @@ def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
         if not fp8[0]:
             out[stream] = PLAIN
         elif all(_exact(state[k], weights.scales[k], dtype) for k in keys):
-            out[stream] = FP8_EXACT
+            out[stream] = FP8_EXACT + bits
         else:
-            out[stream] = FP8_DEQUANT
+            out[stream] = FP8_DEQUANT + bits
     formats = StreamFormats(**out)
-    weights._memo[("triton_formats", dtype)] = (stamp, formats)
+    weights._memo[("triton_formats", dtype, bits)] = (stamp, formats)
     return formats
 
 
