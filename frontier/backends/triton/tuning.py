@@ -38,8 +38,9 @@ class Tuning:
     slab_align: int = 1  # batch 1 spreads each stream most evenly over the grid
     wide_slab_align: int = 16  # wide launches: whole 16-row MMA tiles per slab
     stage_bytes: int = 32768  # weights per pipeline stage (the lm_head's too)
-    # fp8 streams: their converted tile is a register operand of the dot, so a stage holds the
-    # 16-bit stream's elements, not its bytes (8B, batch 1, H200: 2.03 ms vs 2.25 at 32 KB, 2.21 at 8 KB)
+    # fp8 streams of narrow launches: their converted tile is a register operand of the dot, so a
+    # stage holds the 16-bit stream's elements, not its bytes (8B, batch 1, H200: 2.03 ms vs 2.25 at
+    # 32 KB, 2.21 at 8 KB); wide launches keep stage_bytes (measured there)
     fp8_stage_bytes: int = 16384
     smem_bytes: int = 225280  # shared memory one program may use for pipeline buffers (Hopper: 227 KB)
     num_warps: int = 8
@@ -120,7 +121,7 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
          stages: Optional[int] = None, x_elsize: Optional[int] = None) -> tuple[int, int, int]:
     """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase whose
     activation tile is ``bm`` rows wide (BM + BM2). The k-chunk holds about ``stage_bytes`` of
-    weights per stage (``fp8_stage_bytes`` for 1-byte weights), and the weight + activation tiles of all ``stages`` (default
+    weights per stage (``fp8_stage_bytes`` for 1-byte weights in narrow launches), and the weight + activation tiles of all ``stages`` (default
     ``num_stages``) stages fit in ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks
     the slab alignment. ``elsize``: bytes per weight element; ``x_elsize``: per activation
     element (default the same; fp8 weights stream 1 byte beside 2- or 4-byte activations)."""
@@ -133,7 +134,7 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
     cap = max(16, 1 << max(0, ((acc_elems or tn.acc_elems) // (bm * n_mats)).bit_length() - 1))
     bns = min(bnp, cap)
     x_el = x_elsize or elsize
-    stage = tn.fp8_stage_bytes if elsize == 1 else tn.stage_bytes  # (1-byte weights: fp8)
+    stage = tn.fp8_stage_bytes if elsize == 1 and not wide else tn.stage_bytes  # (1-byte weights: fp8)
     bk = min(stage // (bns * elsize * n_mats),
              tn.smem_bytes // ((stages or tn.num_stages) * (bns * n_mats * elsize + bm * x_el)))
     bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
