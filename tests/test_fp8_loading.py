@@ -12,36 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import frontier
-from frontier import FrontierError, InputError, WeightsError, frontier_generate, load_draft_head
+from frontier import InputError, WeightsError, frontier_generate, load_draft_head
 from frontier.loading import describe_draft_head, format_description, save_draft_head
-from frontier.random_head import random_config, random_inputs, random_weights
+from frontier.random_head import random_inputs, random_weights
 from frontier.weights import FP8, FP8_MAX, DraftWeights, dequantize_fp8, is_linear_key, quantize_fp8, scale_key
 
-
-def _torch_ref_ok() -> bool:
-    try:
-        ok, _ = frontier.get_backend("torch_ref").availability()
-    except FrontierError:
-        return False
-    return ok
-
-
-needs_torch_ref = pytest.mark.skipif(not _torch_ref_ok(), reason="torch_ref backend is not available")
-
+from loading_support import head_cfg, needs_torch_ref
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-def _cfg(arch="eagle3", *, v=40, vt=90, h=24, nh=3, nkv=1, inter=40, layers=2, **extra):
-    if arch == "eagle2":
-        vt = v
-        extra.setdefault("num_layers", layers)
-    return random_config(total_token=14, depth=3, top_k=3, vocab_size=v, target_vocab_size=vt, hidden_size=h,
-                         num_attention_heads=nh, num_key_value_heads=nkv, intermediate_size=inter, architecture=arch,
-                         **extra)
-
-
 def _weights(cfg, *, seed=0, dtype=torch.bfloat16) -> DraftWeights:
     return random_weights(cfg, seed=seed, dtype=dtype, lm_head_scale=6.0)
 
@@ -137,7 +117,7 @@ def test_quantize_fp8_zero_row_and_non_power_of_two():
 
 
 def test_quantized_head_keeps_embeddings_norms_biases_and_shares_them():
-    cfg = _cfg("eagle2", layers=2)
+    cfg = head_cfg("eagle2", layers=2)
     w = _weights(cfg)
     q = w.quantized()
     assert q.is_fp8 and not w.is_fp8 and q.dtype == w.dtype == torch.bfloat16
@@ -195,7 +175,7 @@ VALIDATE_ERRORS = [
 
 @pytest.mark.parametrize("name,change,match", VALIDATE_ERRORS, ids=[c[0] for c in VALIDATE_ERRORS])
 def test_validate_refuses_broken_fp8_heads(name, change, match):
-    cfg = _cfg()
+    cfg = head_cfg()
     q = _weights(cfg).quantized()
     assert q.validate(cfg) is q
     with pytest.raises(WeightsError, match=match):
@@ -211,7 +191,7 @@ SAVES = [("eagle3", "safetensors", 1), ("eagle3", "bin", 1), ("eagle3", "safeten
 
 @pytest.mark.parametrize("arch,fmt,shards", SAVES, ids=lambda c: str(c))
 def test_fp8_round_trip_keeps_weights_and_scales_bit_for_bit(tmp_path, arch, fmt, shards):
-    cfg = _cfg(arch)
+    cfg = head_cfg(arch)
     q = _weights(cfg, seed=shards).quantized()
     path = save_draft_head(q, cfg, tmp_path / "h", format=fmt, shards=shards, include_embedding=True)
     on_disk = _head_state(path)
@@ -236,7 +216,7 @@ def test_fp8_round_trip_keeps_weights_and_scales_bit_for_bit(tmp_path, arch, fmt
 
 @pytest.mark.parametrize("dtype", [None, torch.float32, torch.float16])
 def test_dtype_is_the_activation_dtype_of_an_fp8_head(tmp_path, dtype):
-    cfg = _cfg()
+    cfg = head_cfg()
     q = _weights(cfg).quantized()
     path = save_draft_head(q, cfg, tmp_path / "h", include_embedding=True)
     head = load_draft_head(path, dtype=dtype)
@@ -251,7 +231,7 @@ def test_dtype_is_the_activation_dtype_of_an_fp8_head(tmp_path, dtype):
 @pytest.mark.parametrize("arch,fmt,shards", [("eagle3", "safetensors", 1), ("eagle3", "bin", 2), ("eagle2", "safetensors", 3)],
                          ids=str)
 def test_quantize_fp8_at_load_equals_quantized_and_reports_bytes(tmp_path, arch, fmt, shards, recwarn):
-    cfg = _cfg(arch)
+    cfg = head_cfg(arch)
     w = _weights(cfg, seed=4)
     path = save_draft_head(w, cfg, tmp_path / "h", format=fmt, shards=shards, include_embedding=True)
     ext = {"lm_head": w.lm_head} if arch == "eagle2" else {}
@@ -271,7 +251,7 @@ def test_quantize_fp8_at_load_equals_quantized_and_reports_bytes(tmp_path, arch,
 
 
 def test_quantize_fp8_on_an_fp8_head_keeps_its_fp8_linears(tmp_path):
-    cfg = _cfg()
+    cfg = head_cfg()
     w = _weights(cfg)
     partial = w.quantized()
     keep = {"fc.weight", "midlayer.mlp.down_proj.weight"}
@@ -291,7 +271,7 @@ def test_quantize_fp8_on_an_fp8_head_keeps_its_fp8_linears(tmp_path):
 
 @pytest.mark.parametrize("bad", ["int8", "FP8", "", True, 8])
 def test_bad_quantize_value_is_an_input_error(tmp_path, bad):
-    cfg = _cfg()
+    cfg = head_cfg()
     path = save_draft_head(_weights(cfg), cfg, tmp_path / "h", include_embedding=True)
     for call in (lambda: load_draft_head(path, quantize=bad), lambda: describe_draft_head(path, quantize=bad)):
         with pytest.raises(InputError, match=r"quantize must be one of \[None, 'fp8'\], got " + repr(bad).replace("[", r"\[")):
@@ -300,7 +280,7 @@ def test_bad_quantize_value_is_an_input_error(tmp_path, bad):
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
 def test_hand_written_fp8_checkpoint_loads(tmp_path, fmt):
-    cfg = _cfg()
+    cfg = head_cfg()
     state = _fp8_state(cfg)
     path = _write_head(tmp_path / "h", cfg, state, fmt=fmt)
     assert "quantization_config" not in json.loads((path / "config.json").read_text())
@@ -350,7 +330,7 @@ PLAN_ERRORS = [
 
 @pytest.mark.parametrize("name,change,match", PLAN_ERRORS, ids=[c[0] for c in PLAN_ERRORS])
 def test_plan_errors_name_file_and_key(tmp_path, name, change, match):
-    cfg = _cfg(layers=1)
+    cfg = head_cfg(layers=1)
     path = _write_head(tmp_path / "h", cfg, change(_fp8_state(cfg)))
     with pytest.raises(WeightsError, match=match) as err:
         load_draft_head(path)
@@ -362,7 +342,7 @@ def test_plan_errors_name_file_and_key(tmp_path, name, change, match):
 
 
 def test_fp8_linears_and_scales_do_not_count_as_mixed_dtypes(tmp_path):
-    cfg = _cfg()
+    cfg = head_cfg()
     state = _fp8_state(cfg)
     path = _write_head(tmp_path / "h", cfg, state)
     d = describe_draft_head(path)
@@ -376,7 +356,7 @@ def test_fp8_linears_and_scales_do_not_count_as_mixed_dtypes(tmp_path):
 
 
 def test_fp8_target_embedding_is_refused(tmp_path):
-    cfg = _cfg()
+    cfg = head_cfg()
     w = _weights(cfg).quantized()
     path = save_draft_head(w, cfg, tmp_path / "h", include_embedding=False)
     with pytest.raises(WeightsError, match=r"embed_tokens= \(embedding\) has dtype float8_e4m3fn, expected a floating activation"):
@@ -389,7 +369,7 @@ def test_fp8_target_embedding_is_refused(tmp_path):
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])
 def test_describe_counts_fp8_bytes_and_floor(tmp_path, arch):
-    cfg = _cfg(arch)
+    cfg = head_cfg(arch)
     w = _weights(cfg)
     q = w.quantized()
     plain_path = save_draft_head(w, cfg, tmp_path / "plain", include_embedding=True)
@@ -430,7 +410,7 @@ def test_describe_counts_fp8_bytes_and_floor(tmp_path, arch):
 def test_inspect_cli_prints_the_fp8_format_bytes_and_floor(tmp_path, capsys):
     from frontier.cli import main
 
-    cfg = _cfg()
+    cfg = head_cfg()
     w = _weights(cfg)
     q = w.quantized()
     plain = save_draft_head(w, cfg, tmp_path / "plain", include_embedding=False, shards=2)
@@ -462,7 +442,7 @@ def test_inspect_cli_prints_the_fp8_format_bytes_and_floor(tmp_path, capsys):
                          ids=["eagle3", "eagle2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fp8_head_drafts_as_its_dequantized_weights(tmp_path, arch, sizes, dtype):
-    cfg = _cfg(arch, **sizes)
+    cfg = head_cfg(arch, **sizes)
     q = _weights(cfg, seed=11, dtype=dtype).quantized()
     path = save_draft_head(q, cfg, tmp_path / "h", include_embedding=True)
     head = load_draft_head(path, **({"lm_head": q.dequantized().lm_head, "quantize": "fp8"} if arch == "eagle2" else {}))

@@ -16,44 +16,16 @@ import pytest
 import torch
 
 import frontier
-from frontier import DraftHead, FrontierError, InputError, WeightsError, frontier_generate, load_draft_head
+from frontier import DraftHead, InputError, WeightsError, frontier_generate, load_draft_head
 from frontier.loading import bandwidth_floor_ms, describe_draft_head, save_draft_head
-from frontier.random_head import random_config, random_inputs, random_weights
+from frontier.random_head import random_inputs, random_weights
 
-
-def _torch_ref_ok() -> bool:
-    try:
-        ok, _ = frontier.get_backend("torch_ref").availability()
-    except FrontierError:
-        return False
-    return ok
-
-
-needs_torch_ref = pytest.mark.skipif(not _torch_ref_ok(), reason="torch_ref backend is not available")
+from loading_support import head_cfg, needs_torch_ref, torch_ref_ok
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers: heads and fake target checkpoints on disk
 # ----------------------------------------------------------------------------------------------
-def _cfg(arch="eagle3", *, v=40, vt=90, h=24, nh=3, nkv=1, inter=40, layers=2, **extra):
-    if arch == "eagle2":
-        vt = v
-        extra.setdefault("num_layers", layers)
-    return random_config(
-        total_token=14,
-        depth=3,
-        top_k=3,
-        vocab_size=v,
-        target_vocab_size=vt,
-        hidden_size=h,
-        num_attention_heads=nh,
-        num_key_value_heads=nkv,
-        intermediate_size=inter,
-        architecture=arch,
-        **extra,
-    )
-
-
 def _write_tensors(directory: Path, tensors: dict, fmt: str, shards: int) -> None:
     from safetensors.torch import save_file
 
@@ -132,7 +104,7 @@ _DELETE = object()
 
 
 def _saved(tmp_path, arch="eagle3", *, fmt="safetensors", shards=1, include_embedding=True, seed=0, name="head", **cfg_kw):
-    cfg = _cfg(arch, **cfg_kw)
+    cfg = head_cfg(arch, **cfg_kw)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0)
     path = save_draft_head(w, cfg, tmp_path / name, format=fmt, shards=shards, include_embedding=include_embedding)
     return cfg, w, path
@@ -184,7 +156,7 @@ def _target_model(emb: torch.Tensor, lm: torch.Tensor):
 @pytest.mark.parametrize("case", ROUND_TRIPS, ids=lambda c: f"{c[0]}-{c[1]}-x{c[2]}-{c[3]}")
 def test_round_trip_loads_identical_weights_and_config(tmp_path, case):
     arch, fmt, shards, source, extra = case
-    cfg = _cfg(arch, **extra)
+    cfg = head_cfg(arch, **extra)
     w = random_weights(cfg, seed=shards, lm_head_scale=6.0)
     in_head = source.startswith("in_head")
     path = save_draft_head(w, cfg, tmp_path / "head", format=fmt, shards=shards, include_embedding=in_head)
@@ -238,7 +210,7 @@ def test_round_trip_loads_identical_weights_and_config(tmp_path, case):
     assert new_cfg == cfg
     assert head.hf_config["hidden_size"] == cfg.hidden_size
 
-    if _torch_ref_ok():
+    if torch_ref_ok():
         for seed in range(2):
             a = _draft(cfg, w, seed)
             b = _draft(new_cfg, head.weights, seed)
@@ -331,7 +303,7 @@ def test_save_refuses_non_empty_dir_and_overwrite_replaces(tmp_path):
 def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     import safetensors.torch
 
-    cfg = _cfg("eagle3")
+    cfg = head_cfg("eagle3")
     w = random_weights(cfg)
     calls = []
 
@@ -543,7 +515,7 @@ def _saved_with_targets(tmp_path, target_ids: torch.Tensor, vt: int, name="head"
     """An eagle3 head whose draft id j maps to target_ids[j] (written as published: offsets + t2d)."""
     from dataclasses import replace
 
-    cfg = _cfg("eagle3", v=target_ids.numel(), vt=vt)
+    cfg = head_cfg("eagle3", v=target_ids.numel(), vt=vt)
     w = random_weights(cfg, seed=5)
     w = replace(w, d2t=target_ids - torch.arange(target_ids.numel()))
     return cfg, w, save_draft_head(w, cfg, tmp_path / name, include_embedding=True)
@@ -798,7 +770,7 @@ def test_demo_with_a_local_head(tmp_path, capsys):
     from frontier.cli import main
 
     cfg, w, path = _saved(tmp_path, "eagle3", include_embedding=True, v=70, vt=130, h=32, nh=4, nkv=2, inter=48)
-    backend = "torch_ref" if _torch_ref_ok() else "stub"
+    backend = "torch_ref" if torch_ref_ok() else "stub"
     assert main(["demo", "--head", str(path), "--backend", backend, "--total-token", "10", "--depth", "3", "--tree-top-k", "3", "--json"]) == 0
     fr = json.loads(capsys.readouterr().out)
     assert len(fr["draft_tokens"][0]) == 10
