@@ -265,7 +265,7 @@ def bench_weights(case: BenchCase, cfg: FrontierConfig, *, device: Any, dtype: t
         w = case.head.weights.to(device=device, dtype=dtype)
     else:
         w = device_weights(cfg, device=device, dtype=dtype, seed=seed)
-    return w.quantized() if case.weights == "fp8" else w
+    return w.quantized() if case.weights == "fp8" else w.dequantized()  # (plain: an fp8 head's dequantized form)
 
 
 def launcher(cfg: FrontierConfig, weights: DraftWeights, dtype: torch.dtype, device: Any):

@@ -23,8 +23,9 @@ and what the fused kernels reproduce. Embeddings, norms, biases stay in the acti
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -34,6 +35,28 @@ from .errors import WeightsError
 #: The fp8 weight format (e4m3, no infinities; 0x7F / 0xFF are NaN) and its largest finite value.
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+
+
+def is_8bit_float(dtype: torch.dtype) -> bool:
+    """Whether a dtype is one of torch's 8-bit floating formats (e4m3fn, e5m2, ...): never an
+    activation dtype; e4m3fn is the one fp8 weight format."""
+    return dtype.is_floating_point and dtype.itemsize == 1
+
+
+#: The linear weights a draft step streams, as error messages name them.
+LINEAR_NAMES = "fc, q/k/v/o_proj, gate/up/down_proj, lm_head"
+
+
+def tensors_stamp(tensors: Sequence[torch.Tensor]) -> tuple:
+    """A stamp of tensors' identity and in-place version (:func:`stamp_matches`); it holds weak
+    references, so a freed tensor whose id is reused never matches."""
+    return tuple((weakref.ref(t), t._version) for t in tensors)
+
+
+def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` are the very tensors of ``stamp``, none written in place since."""
+    return (stamp is not None and len(stamp) == len(tensors)
+            and all(r() is t and v == t._version for (r, v), t in zip(stamp, tensors)))
 
 
 def is_linear_key(key: str) -> bool:
@@ -46,10 +69,23 @@ def scale_key(key: str) -> str:
     return key + "_scale"
 
 
+_CHUNK_ELEMS = 1 << 24  # (rows per step of the row-wise loops: about 64 MB of fp32 at a time)
+
+
+def _row_chunks(n_rows: int, n_cols: int) -> Iterable[slice]:
+    step = max(1, _CHUNK_ELEMS // max(1, n_cols))
+    for r in range(0, n_rows, step):
+        yield slice(r, min(n_rows, r + step))
+
+
 def dequantize_fp8(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An fp8 weight [N, K] with per-row scales [N] as a ``dtype`` tensor: each element widened to
-    fp32, multiplied by its row's scale in fp32, rounded once to ``dtype``."""
-    return (w.to(torch.float32) * scale.to(torch.float32)[:, None]).to(dtype)
+    fp32, multiplied by its row's scale in fp32, rounded once to ``dtype`` (row blocks at a time,
+    so no fp32 copy of the whole matrix is made)."""
+    out = torch.empty(w.shape, dtype=dtype, device=w.device)
+    for rows in _row_chunks(w.shape[0], w.shape[1]):
+        out[rows] = (w[rows].to(torch.float32) * scale[rows].to(torch.float32)[:, None]).to(dtype)
+    return out
 
 
 def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,19 +93,33 @@ def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.T
 
     The scale maps the row's largest magnitude onto the e4m3 range: ``absmax / 448``, rounded up
     to a power of two by default. A power-of-two scale loses at most one binade at the bottom of
-    the range, and makes ``weight * scale`` exact in bf16 and fp32, so a kernel may apply the
-    scale to its fp32 accumulator instead of to every weight element and get the same bits.
-    An all-zero row gets scale 1; a weight with NaN or Inf is a :class:`WeightsError`."""
-    wf = w.detach().to(torch.float32)
-    amax = wf.abs().amax(dim=1)
-    if not bool(torch.isfinite(amax).all()):
-        raise WeightsError("quantize_fp8: the weight holds non-finite values (NaN or +-Inf)")
+    the range, and makes ``weight * scale`` exact wherever it stays in the dtype's range, so a
+    kernel may apply the scale to its fp32 accumulator instead of to every weight element and get
+    the same bits. An all-zero row gets scale 1; a value that rounds up past ``w.dtype``'s
+    largest finite value once scaled back is rounded toward zero instead. A weight with NaN
+    or Inf is a :class:`WeightsError`. Row blocks at a time (no fp32 copy of the whole matrix)."""
+    w = w.detach()
+    limit = torch.finfo(w.dtype).max if w.dtype.is_floating_point else float("inf")
+    q = torch.empty(w.shape, dtype=FP8, device=w.device)
+    scales = []
     tiny = torch.finfo(torch.float32).tiny  # (a row of subnormal values keeps a normal, non-zero scale)
-    scale = torch.where(amax > 0, (amax / FP8_MAX).clamp_min(tiny), torch.ones_like(amax))
-    if power_of_two:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    q = (wf / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale.contiguous()
+    for rows in _row_chunks(w.shape[0], w.shape[1]):
+        wf = w[rows].to(torch.float32)
+        amax = wf.abs().amax(dim=1)
+        if not bool(torch.isfinite(amax).all()):
+            bad = rows.start + int((~torch.isfinite(amax)).nonzero()[0, 0])
+            raise WeightsError(f"quantize_fp8: row {bad} of the weight holds non-finite values (NaN or +-Inf)")
+        scale = torch.where(amax > 0, (amax / FP8_MAX).clamp_min(tiny), torch.ones_like(amax))
+        if power_of_two:
+            scale = torch.exp2(torch.ceil(torch.log2(scale)))
+        qr = (wf / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+        over = qr.to(torch.float32).abs() * scale[:, None] > limit
+        if bool(over.any()):  # rounded up past the dtype's range: one e4m3 step toward zero instead
+            bits = qr.view(torch.uint8)
+            bits[over] -= 1
+        q[rows] = qr
+        scales.append(scale)
+    return q, torch.cat(scales).contiguous()
 
 
 def fp8_nan(w: torch.Tensor) -> torch.Tensor:
@@ -159,25 +209,36 @@ class DraftWeights:
         """Whether any linear weight is fp8 (e4m3 with per-output-channel scales)."""
         return bool(self.scales)
 
-    def _stamp(self) -> tuple:
-        """Identity and version of every tensor: changes when one is replaced or written in place."""
-        return tuple((id(t), t._version) for _, t in self.state_dict().items())
+    def memo(self, key: Any, make: Any) -> Any:
+        """``make()``, kept under ``key`` while no tensor of the head is replaced or written in
+        place (derived data: the dequantized head, a backend's stream formats). ``clear_memo()``
+        drops what is kept."""
+        tensors = list(self.state_dict().values())
+        hit = self._memo.get(key)
+        if hit is not None and stamp_matches(hit[0], tensors):
+            return hit[1]
+        value = make()
+        self._memo[key] = (tensors_stamp(tensors), value)
+        return value
+
+    def clear_memo(self) -> None:
+        """Drop the derived data kept by :meth:`memo` (e.g. the dequantized copy torch_ref drafts
+        an fp8 head with, about the size of the head in the activation dtype)."""
+        self._memo.clear()
 
     def dequantized(self) -> "DraftWeights":
         """The same head with every fp8 linear dequantized to the activation dtype
-        (:func:`dequantize_fp8`); ``self`` when it has none. Kept while no tensor changes."""
+        (:func:`dequantize_fp8`); ``self`` when it has none. Kept while no tensor changes (a
+        copy of the linears in the activation dtype; :meth:`clear_memo` drops it)."""
         if not self.scales:
             return self
-        stamp = self._stamp()
-        hit = self._memo.get("dequantized")
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+        return self.memo("dequantized", self._dequantize)
+
+    def _dequantize(self) -> "DraftWeights":
         state = {k: v for k, v in self.tensors()}
         for key, s in self.scales.items():
             state[key] = dequantize_fp8(state[key], s, self.dtype)
-        out = DraftWeights.from_state_dict(state, architecture=self.architecture, where="dequantized weights")
-        self._memo["dequantized"] = (stamp, out)
-        return out
+        return DraftWeights.from_state_dict(state, architecture=self.architecture, where="dequantized weights")
 
     def quantized(self, *, power_of_two: bool = True) -> "DraftWeights":
         """A copy with every linear weight in fp8 (:func:`quantize_fp8`, one scale per output
@@ -186,7 +247,10 @@ class DraftWeights:
         scales = dict(self.scales)
         for key, t in list(state.items()):
             if is_linear_key(key) and t.dtype != FP8:
-                state[key], scales[key] = quantize_fp8(t, power_of_two=power_of_two)
+                try:
+                    state[key], scales[key] = quantize_fp8(t, power_of_two=power_of_two)
+                except WeightsError as exc:
+                    raise WeightsError(f"quantized: tensor {key!r}: {exc}") from None
         out = DraftWeights.from_state_dict(state, architecture=self.architecture, where="quantized weights")
         out.scales = scales
         return out
@@ -229,7 +293,7 @@ class DraftWeights:
         """A copy moved/cast (floating tensors take ``dtype``; d2t stays int64; fp8 weights stay
         fp8 and their scales fp32 - ``dtype`` is the activation dtype)."""
 
-        if dtype is not None and (dtype.itemsize == 1 or not dtype.is_floating_point):
+        if dtype is not None and (is_8bit_float(dtype) or not dtype.is_floating_point):
             raise WeightsError(f"DraftWeights.to: dtype is the activation dtype (float32, float16 or bfloat16), got "
                                f"{dtype}; quantize linear weights with quantized()")
 
@@ -306,13 +370,13 @@ class DraftWeights:
                 continue
             raise WeightsError(f"{where}: unexpected tensor {key!r} for architecture {cfg.architecture!r}")
         dtype, device = self.dtype, self.device
-        if dtype == FP8 or not dtype.is_floating_point:
+        if is_8bit_float(dtype) or not dtype.is_floating_point:
             raise WeightsError(f"{where}: tensor 'embed_tokens.weight' is {dtype}; embeddings stay in the "
                                "activation dtype (float32, float16 or bfloat16)")
         for key in self.scales:
             if key not in expect or not is_linear_key(key):
                 raise WeightsError(f"{where}: fp8 scale for {key!r}, which is not a linear weight of this head "
-                                   "(fc, q/k/v/o_proj, gate/up/down_proj, lm_head)")
+                                   f"({LINEAR_NAMES})")
         for key, t in have.items():
             if key == "d2t":
                 continue
@@ -320,9 +384,10 @@ class DraftWeights:
                 raise WeightsError(f"{where}: tensor {key!r} is on {t.device}, the rest of the head on {device}")
             if key in scale_keys:
                 w = scale_keys[key]
-                if t.dtype != torch.float32 or tuple(t.shape) != (expect[w][0],):
-                    raise WeightsError(f"{where}: fp8 scale {key!r} must be float32 of shape [{expect[w][0]}] "
-                                       f"(one per output channel of {w!r}), got {t.dtype} {list(t.shape)}")
+                if t.dtype != torch.float32 or tuple(t.shape) != (expect[w][0],) or not t.is_contiguous():
+                    raise WeightsError(f"{where}: fp8 scale {key!r} must be a contiguous float32 tensor of shape "
+                                       f"[{expect[w][0]}] (one per output channel of {w!r}), got {t.dtype} "
+                                       f"{list(t.shape)}{'' if t.is_contiguous() else ' with strides ' + str(t.stride())}")
                 continue
             if t.dtype == FP8:
                 if key not in self.scales:
@@ -358,11 +423,15 @@ class DraftWeights:
         or written in place since it last passed for this target vocabulary (``tensors``: the
         state dict, when the caller has it already)."""
         have = list((self.state_dict() if tensors is None else tensors).items())
-        stamp = (target_vocab_size,) + tuple((id(t), t._version) for _, t in have)
-        if self._values_ok == stamp:
+        if self._values_ok is not None and self._values_ok[0] == target_vocab_size and stamp_matches(
+                self._values_ok[1], [t for _, t in have]):
             return self
         floats = [(key, t) for key, t in have if t.is_floating_point()]
         flags = [~fp8_nan(t) if t.dtype == FP8 else torch.isfinite(t).all() for _, t in floats]
+        # fp8 scales: positive, and the largest e4m3 value times the scale finite in the activation dtype
+        limit = torch.finfo(self.dtype).max / FP8_MAX
+        scale_items = list(self.scales.items())
+        flags += [((s > 0) & (s <= limit)).all() for _, s in scale_items]
         if self.d2t is not None:
             target = self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)  # [V] target ids
             flags.append(((target >= 0) & (target < target_vocab_size)).all())
@@ -370,17 +439,19 @@ class DraftWeights:
         for (key, _), good in zip(floats, ok):
             if not good:
                 raise WeightsError(f"{where}: tensor {key!r} holds non-finite values (NaN or +-Inf)")
-        bad_scales = [k for k, s in self.scales.items() if not bool((s > 0).all())]
-        if bad_scales:
-            raise WeightsError(f"{where}: fp8 scale {scale_key(bad_scales[0])!r} holds values <= 0; scales must be "
-                               "positive and finite")
-        if self.d2t is not None and not ok[-1]:
+        for (key, s), good in zip(scale_items, ok[len(floats):]):
+            if not good:
+                row = int((~((s > 0) & (s <= limit))).nonzero()[0, 0])
+                raise WeightsError(
+                    f"{where}: fp8 scale {scale_key(key)!r} row {row} is {float(s[row])!r}; scales must be positive and "
+                    f"at most {limit:.6g} (448 times it must stay finite in {self.dtype})")
+        if self.d2t is not None and not ok[len(floats) + len(scale_items)]:
             bad = int((~((target >= 0) & (target < target_vocab_size))).nonzero()[0])
             raise WeightsError(
                 f"{where}: tensor 'd2t' maps draft id {bad} to target id {int(target[bad])}, outside the target "
                 f"vocabulary [0, target_vocab_size={target_vocab_size})"
             )
-        self._values_ok = stamp
+        self._values_ok = (target_vocab_size, tensors_stamp([t for _, t in have]))
         return self
 
     # --------------------------------------------------------------------------------------
@@ -441,7 +512,9 @@ class DraftWeights:
             hint = " (eagle2 heads use the target's lm_head: pass lm_head=)" if arch == "eagle2" else ""
             raise WeightsError(f"{where}: missing tensor 'lm_head.weight'{hint}")
         d2t = state.get("d2t")
-        scales = {k[: -len("_scale")]: v for k, v in state.items() if k.endswith(".weight_scale")}
+        # (a [out, 1] scale, as some fp8 checkpoints store it, is taken as [out])
+        scales = {k[: -len("_scale")]: (v.reshape(-1) if v.dim() == 2 and v.shape[1] == 1 else v)
+                  for k, v in state.items() if k.endswith(".weight_scale")}
         return cls(
             scales=scales,
             architecture=arch,
@@ -474,4 +547,4 @@ class DraftWeights:
 
 
 __all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes",
-           "FP8", "FP8_MAX", "quantize_fp8", "dequantize_fp8", "is_linear_key", "scale_key"]
+           "FP8", "FP8_MAX", "quantize_fp8", "dequantize_fp8", "is_linear_key", "scale_key", "is_8bit_float"]

@@ -160,13 +160,13 @@ def _fp8_embedding(q):
 
 VALIDATE_ERRORS = [
     ("no scale", _no_fc_scale, r"'fc\.weight' is float8_e4m3fn but has no scale.*'fc\.weight_scale'"),
-    ("scale shape", _set_scale("fc.weight", lambda s: s[:-1]), r"'fc\.weight_scale' must be float32 of shape \[24\]"),
-    ("scale dtype", _set_scale("fc.weight", lambda s: s.to(torch.bfloat16)), r"'fc\.weight_scale' must be float32.*bfloat16"),
+    ("scale shape", _set_scale("fc.weight", lambda s: s[:-1]), r"'fc\.weight_scale' must be a contiguous float32 tensor of shape \[24\]"),
+    ("scale dtype", _set_scale("fc.weight", lambda s: s.to(torch.bfloat16)), r"'fc\.weight_scale' must be a contiguous float32.*bfloat16"),
     ("scale zero", _set_scale("lm_head.weight", lambda s: s.index_fill(0, torch.tensor([3]), 0.0)),
-     r"'lm_head\.weight_scale' holds values <= 0"),
-    ("scale negative", _set_scale("fc.weight", lambda s: -s), r"'fc\.weight_scale' holds values <= 0"),
+     r"'lm_head\.weight_scale' row 3 is 0.0; scales must be positive"),
+    ("scale negative", _set_scale("fc.weight", lambda s: -s), r"'fc\.weight_scale' row 0 is -.*; scales must be positive"),
     ("scale nan", _set_scale("fc.weight", lambda s: s.index_fill(0, torch.tensor([0]), float("nan"))),
-     r"'fc\.weight_scale'.*(non-finite|<= 0)"),
+     r"'fc\.weight_scale'.*(non-finite|row 0 is nan)"),
     ("nan bits", _nan_fp8, r"'fc\.weight' holds non-finite"),
     ("scale on a norm", _norm_scale, r"fp8 scale for 'norm\.weight'.*not a linear weight"),
     ("fp8 embedding", _fp8_embedding, r"'embed_tokens\.weight' is torch\.float8_e4m3fn.*activation dtype"),
@@ -456,3 +456,73 @@ def test_fp8_head_drafts_as_its_dequantized_weights(tmp_path, arch, sizes, dtype
             assert torch.equal(a.retrieve_indices, b.retrieve_indices), (t, d, k, seed)
             assert torch.equal(a.tree_mask, b.tree_mask), (t, d, k, seed)
             a.check_invariants(total_token=t, depth=d, top_k=k)
+
+
+# ----------------------------------------------------------------------------------------------
+# scales that a kernel could misread, and layouts of other fp8 checkpoints
+# ----------------------------------------------------------------------------------------------
+def test_a_strided_scale_is_refused_by_name():
+    cfg = head_cfg()
+    q = _weights(cfg, dtype=torch.float32).quantized()
+    s = q.scales["lm_head.weight"]
+    q.scales["lm_head.weight"] = torch.stack([s, s], 1)[:, 0]  # the values, every other element
+    with pytest.raises(WeightsError, match="lm_head.weight_scale.*contiguous.*strides"):
+        q.validate(cfg)
+
+
+def test_a_scale_past_the_activation_dtypes_range_is_refused():
+    cfg = head_cfg()
+    q = _weights(cfg, dtype=torch.float16).quantized()
+    q.scales["fc.weight"][3] = 512.0  # 448 * 512 > 65504: the dequantized weight could be Inf in fp16
+    with pytest.raises(WeightsError, match=r"fc.weight_scale' row 3 is 512.0.*finite in torch.float16"):
+        q.validate(cfg)
+
+
+def test_quantizing_fp16_weights_near_its_largest_value_keeps_them_finite():
+    w = torch.tensor([[65504.0, -60000.0, 1.0, 0.0], [0.001, 0.002, -0.003, 0.0]], dtype=torch.float16)
+    q, s = quantize_fp8(w)
+    deq = dequantize_fp8(q, s, torch.float16)
+    assert torch.isfinite(deq).all()
+    assert float(s[0]) == 256.0 and float(deq[0, 0]) == 240.0 * 256  # (65504 / 256 rounds up to 256: 65536 is Inf)
+    assert float(deq[0, 1]) == -240.0 * 256  # (rounded to nearest: in range, unchanged)
+
+
+def test_an_e5m2_head_is_refused():
+    cfg = head_cfg()
+    w = _weights(cfg, dtype=torch.float32)
+    e5 = DraftWeights.from_state_dict({k: v.to(torch.float8_e5m2) if v.is_floating_point() else v
+                                       for k, v in w.state_dict().items()})
+    with pytest.raises(WeightsError, match="activation dtype"):
+        e5.validate(cfg)
+    with pytest.raises(WeightsError, match="activation dtype"):
+        w.to(dtype=torch.float8_e5m2)
+
+
+def test_quantized_names_the_tensor_with_non_finite_values():
+    cfg = head_cfg()
+    w = _weights(cfg, dtype=torch.float32)
+    w.layers[0].down_proj[2, 1] = float("nan")
+    with pytest.raises(WeightsError, match="down_proj.weight.*row 2"):
+        w.quantized()
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_scales_stored_as_a_column_load_as_one_per_output_channel(tmp_path, fmt):
+    """Some fp8 checkpoints store each scale as [out, 1]; it loads as [out]."""
+    cfg = head_cfg()
+    q = _weights(cfg, dtype=torch.float32).quantized()
+    save_draft_head(q, cfg, tmp_path, format=fmt, include_embedding=True, overwrite=True)
+    name = "model.safetensors" if fmt == "safetensors" else "pytorch_model.bin"
+    if fmt == "safetensors":
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(tmp_path / name))
+        save_file({k: (v[:, None].contiguous() if k.endswith("_scale") else v) for k, v in state.items()},
+                  str(tmp_path / name), metadata={"format": "pt"})
+    else:
+        state = torch.load(tmp_path / name)
+        torch.save({k: (v[:, None].contiguous() if k.endswith("_scale") else v) for k, v in state.items()},
+                   tmp_path / name)
+    head = load_draft_head(tmp_path)
+    for key, s in q.scales.items():
+        assert torch.equal(head.weights.scales[key], s)

@@ -26,10 +26,15 @@ from .plan import _is_fp8, _is_scale_key, _plan, _raise_problems
 QUANTIZE_METHODS = (None, "fp8")
 
 
-def _fp8_keys(dims: HeadDims, quantize: Optional[str], stored: set[str]) -> set[str]:
-    """The linear keys counted as fp8: those ``stored`` in fp8, or all of them with ``quantize="fp8"``."""
+def check_quantize(quantize: Optional[str]) -> None:
+    """``quantize=`` must be one of :data:`QUANTIZE_METHODS` (an :class:`InputError` otherwise)."""
     if quantize not in QUANTIZE_METHODS:
         raise InputError(f"quantize must be one of {list(QUANTIZE_METHODS)}, got {quantize!r}")
+
+
+def _fp8_keys(dims: HeadDims, quantize: Optional[str], stored: set[str]) -> set[str]:
+    """The linear keys counted as fp8: those ``stored`` in fp8, or all of them with ``quantize="fp8"``."""
+    check_quantize(quantize)
     return set(dims.linear_keys()) if quantize == "fp8" else set(stored)
 
 
@@ -155,8 +160,7 @@ def describe_draft_head(
     linear in fp8, as ``load_draft_head(..., quantize="fp8")`` would load it. ``weight_format``
     names what the head stores; ``fp8`` always holds the all-fp8 bytes (and floor).
     """
-    if quantize not in QUANTIZE_METHODS:
-        raise InputError(f"quantize must be one of {list(QUANTIZE_METHODS)}, got {quantize!r}")
+    check_quantize(quantize)
     plan = _plan(
         path,
         target=target,

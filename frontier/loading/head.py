@@ -16,10 +16,10 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..config import FrontierConfig
-from ..errors import ConfigError, InputError, WeightsError
+from ..errors import ConfigError, WeightsError
 from ..weights import DraftWeights, scale_key
 from .config_json import HeadDims
-from .describe import QUANTIZE_METHODS, _describe, _fp8_keys, format_description
+from .describe import _describe, _fp8_keys, check_quantize, format_description
 from .files import PathLike
 from .plan import _External, _plan, _raise_problems
 
@@ -121,8 +121,7 @@ def load_draft_head(
     Raises :class:`WeightsError` naming file, key and expected vs found shape; nothing is
     returned or modified on failure.
     """
-    if quantize not in QUANTIZE_METHODS:
-        raise InputError(f"quantize must be one of {list(QUANTIZE_METHODS)}, got {quantize!r}")
+    check_quantize(quantize)
     plan = _plan(
         path,
         target=target,

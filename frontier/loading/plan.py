@@ -23,7 +23,7 @@ import torch
 
 from ..config import detect_architecture
 from ..errors import InputError, WeightsError
-from ..weights import FP8, is_linear_key, scale_key
+from ..weights import FP8, LINEAR_NAMES, is_8bit_float, is_linear_key, scale_key
 from .checkpoint import CheckpointFiles, TensorInfo
 from .config_json import HeadDims, _dims_from_config
 from .files import PathLike, _dt, _read_json, _read_json_file, _shape
@@ -84,9 +84,7 @@ def _raise_problems(problems: list[str], path: Path) -> None:
     )
 
 
-def _is_fp8(dtype: torch.dtype) -> bool:
-    """Whether a dtype is one of torch's 8-bit floating formats (e4m3fn, e5m2, ...)."""
-    return dtype.is_floating_point and torch.empty((), dtype=dtype).element_size() == 1
+_is_fp8 = is_8bit_float  # (torch's 8-bit floating formats: e4m3fn, e5m2, ...)
 
 
 def _is_scale_key(key: str) -> bool:
@@ -105,7 +103,7 @@ def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str
         elif not is_linear_key(key):
             plan.errors.append(
                 f"{where} is float8_e4m3fn, expected a floating activation dtype (float32, float16 or bfloat16): "
-                "only linear weights (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) may be fp8; embeddings, norms "
+                f"only linear weights ({LINEAR_NAMES}) may be fp8; embeddings, norms "
                 "and biases stay in the activation dtype"
             )
         elif scale_key(key) not in info:
@@ -124,7 +122,7 @@ def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str
             what = "is not a tensor of" if wkey not in expected else "is not a linear weight of"
             plan.errors.append(
                 f"{where} belongs to {wkey!r}, which {what} an {arch} head with this config; fp8 scales belong to "
-                "linear weights (fc, q/k/v/o_proj, gate/up/down_proj, lm_head)"
+                f"linear weights ({LINEAR_NAMES})"
             )
             plan.fp8_keys.discard(wkey)
             continue
@@ -135,10 +133,10 @@ def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str
                                f"{_shape(expected[wkey])} weight beside it)")
             continue
         want = (expected[wkey][0],)
-        if t.dtype != torch.float32 or tuple(t.shape) != want:
+        if t.dtype != torch.float32 or tuple(t.shape) not in (want, want + (1,)):
             plan.errors.append(
                 f"{where} has dtype {_dt(t.dtype)} and shape {_shape(t.shape)}, expected float32 {_shape(want)} "
-                f"(one per output channel of {wkey!r})"
+                f"or {_shape(want + (1,))} (one per output channel of {wkey!r})"
             )
             plan.fp8_keys.discard(wkey)
         if info[wkey].dtype != FP8:

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,6 +82,10 @@ def save_draft_head(
         if key == "embed_tokens.weight" and not include_embedding:
             continue
         if key == "lm_head.weight" and cfg.architecture == "eagle2":
+            if key in weights.scales:
+                warnings.warn("save_draft_head: the eagle2 head's lm_head (the target's) is fp8 here but is not "
+                              "written; the saved head drafts with the target's lm_head as loaded (quantize='fp8' "
+                              "on load quantizes it again)", UserWarning, stacklevel=2)
             continue
         if key == "d2t":
             continue

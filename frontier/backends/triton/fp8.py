@@ -5,9 +5,11 @@ A weight's value is its dequantized form ``(w.float() * scale).to(dtype)``
 (:func:`frontier.weights.dequantize_fp8`), what torch_ref computes with. The kernels stream the
 e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 
-- ``FP8_EXACT`` (1): every scale of the matrix is a power of two and every dequantized weight
-  is exact in the compute dtype (always so for bf16 and fp32 with the loader's power-of-two
-  scales). The weights are converted to the compute dtype without rounding and the row scale
+- ``FP8_EXACT`` (1): every scale of the matrix is a power of two ``2^k`` whose products with
+  every e4m3 value are exact in the compute dtype: ``448 * 2^k`` finite and ``2^(k-9)`` (the
+  e4m3 quantum times the scale) no finer than the dtype's smallest subnormal - decided from the
+  scales alone, without reading the weights (the loader's power-of-two scales pass in bf16 and
+  fp32). The weights are converted to the compute dtype without rounding and the row scale
   multiplies the fp32 accumulator once after the k-loop, which gives the same bits as the dot
   with the dequantized weights, at no per-element cost.
 - ``FP8_DEQUANT`` (2): any other scales. Each weight is widened, multiplied by its row's scale
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import InputError
-from ...weights import FP8, dequantize_fp8
+from ...weights import FP8, FP8_MAX, stamp_matches, tensors_stamp
 
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
 BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
@@ -68,27 +70,29 @@ def _stream_keys(weights) -> dict[str, tuple[str, ...]]:
     }
 
 
-def _exact(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether every scale is a power of two and every dequantized weight exact in ``dtype``."""
-    if not bool((torch.frexp(scale).mantissa == 0.5).all()):
-        return False
-    wide = w.to(torch.float32) * scale[:, None]
-    return bool((dequantize_fp8(w, scale, dtype).to(torch.float32) == wide).all())
+def _exact(scale: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every scale is a power of two whose products with every e4m3 value are exact in
+    ``dtype`` (e4m3 values are multiples of 2^-9 of at most 448, with 4 significant bits)."""
+    fi = torch.finfo(dtype)
+    quantum = fi.smallest_normal * fi.eps  # the dtype's smallest subnormal
+    m, _ = torch.frexp(scale)
+    ok = (m == 0.5) & (scale * FP8_MAX <= fi.max) & (scale * 2.0 ** -9 >= quantum)
+    return bool(ok.all())
 
 
 def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
     """Each stream's format for drafting ``weights`` in ``dtype``; an :class:`InputError` when
-    the matrices of one stream mix fp8 and the compute dtype. The exactness check reads the
-    weights once; its result is kept while no tensor of the head changes."""
+    the matrices of one stream mix fp8 and the compute dtype. Kept while no tensor of the head
+    changes (``DraftWeights.memo``)."""
     from .plan import interpreting
 
     if not weights.is_fp8:
         return StreamFormats()
     bits = BF16_BITS if dtype == torch.bfloat16 and not interpreting() else 0
-    stamp = weights._stamp()
-    hit = weights._memo.get(("triton_formats", dtype, bits))
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
+    return weights.memo(("triton_formats", dtype, bits), lambda: _formats(weights, dtype, bits))
+
+
+def _formats(weights, dtype: torch.dtype, bits: int) -> StreamFormats:
     state = weights.state_dict()
     out = {}
     for stream, keys in _stream_keys(weights).items():
@@ -100,13 +104,11 @@ def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
             )
         if not fp8[0]:
             out[stream] = PLAIN
-        elif all(_exact(state[k], weights.scales[k], dtype) for k in keys):
+        elif all(_exact(weights.scales[k], dtype) for k in keys):
             out[stream] = FP8_EXACT + bits
         else:
             out[stream] = FP8_DEQUANT + bits
-    formats = StreamFormats(**out)
-    weights._memo[("triton_formats", dtype, bits)] = (stamp, formats)
-    return formats
+    return StreamFormats(**out)
 
 
 def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -122,14 +124,14 @@ def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:
 
     qkv = dummy
     if keys["qkv"][0] in sc:
-        stamp = tuple((id(sc[k]), sc[k]._version) for k in keys["qkv"])
+        parts = [sc[k] for k in keys["qkv"]]
         hit = weights._memo.get("triton_qkv_scale")
-        if hit is None or hit[0] != stamp:
-            cat = torch.cat([sc[k] for k in keys["qkv"]])
+        if hit is None or not stamp_matches(hit[0], parts):
+            cat = torch.cat(parts)
             if hit is not None and hit[1].shape == cat.shape:  # in place: a captured graph keeps its address
                 hit[1].copy_(cat)
                 cat = hit[1]
-            hit = (stamp, cat)
+            hit = (tensors_stamp(parts), cat)
             weights._memo["triton_qkv_scale"] = hit
         qkv = hit[1]
     gate, up = keys["gu"]

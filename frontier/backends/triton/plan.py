@@ -85,7 +85,7 @@ class LaunchPlan:
 class LaunchPlanner:
     """Launch geometry of one (config, dtype, grid, tuning, weight formats), with its plans cached
     per batch size. ``formats``: each weight stream's format (``fp8.StreamFormats``); an fp8
-    stream's k-chunks hold twice the elements of a 16-bit one for the same bytes."""
+    stream's k-chunk is sized by ``Tuning.fp8_stage_bytes`` in narrow launches."""
 
     def __init__(self, cfg, dtype: torch.dtype, grid: int, tuning: Tuning, formats: Optional[StreamFormats] = None):
         self.cfg, self.dtype, self.grid, self.tuning = cfg, dtype, grid, tuning

@@ -38,9 +38,8 @@ class Tuning:
     slab_align: int = 1  # batch 1 spreads each stream most evenly over the grid
     wide_slab_align: int = 16  # wide launches: whole 16-row MMA tiles per slab
     stage_bytes: int = 32768  # weights per pipeline stage (the lm_head's too)
-    # fp8 streams of narrow launches: their converted tile is a register operand of the dot, so a
-    # stage holds the 16-bit stream's elements, not its bytes (8B, batch 1, H200: 2.03 ms vs 2.25 at
-    # 32 KB, 2.21 at 8 KB); wide launches keep stage_bytes (measured there)
+    # fp8 streams of narrow launches: the bf16 stream's elements per stage (the converted tile is a
+    # register operand): fastest of 8/16/32 KB at batch 1 (docs/results/fp8_stage_bytes_h200.json)
     fp8_stage_bytes: int = 16384
     smem_bytes: int = 225280  # shared memory one program may use for pipeline buffers (Hopper: 227 KB)
     num_warps: int = 8
