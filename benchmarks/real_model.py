@@ -55,26 +55,24 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 WEIGHTS = ("plain", "fp8")
 
 
-def _fp8_quality_module() -> Any:
-    """benchmarks/fp8_quality.py (its tree comparison)."""
-    name = "frontier_benchmarks_fp8_quality"
+def _script(name: str, path: str) -> Any:
+    """A script of this checkout imported as module ``name`` (once)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _REPO / "benchmarks" / "fp8_quality.py")
+        spec = importlib.util.spec_from_file_location(name, _REPO / path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
     return sys.modules[name]
+
+
+def _fp8_quality_module() -> Any:
+    """benchmarks/fp8_quality.py (its tree comparison)."""
+    return _script("frontier_benchmarks_fp8_quality", "benchmarks/fp8_quality.py")
 
 
 def _train_head_module() -> Any:
     """tools/train_head.py (its prompt reading and chat-template helpers)."""
-    name = "frontier_tools_train_head"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _REPO / "tools" / "train_head.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return _script("frontier_tools_train_head", "tools/train_head.py")
 
 
 def parse_tree(text: str) -> tuple[int, int, int]:

@@ -117,6 +117,15 @@ def backend_device(name: str) -> torch.device:
     return torch.device("cpu" if "cpu" in frontier.get_backend(name).devices else "cuda")
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (tiny heads: threads only add overhead and vary timings)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(params=runnable_backends())
 def backend_name(request):
     """Every backend that can run here; tests draw weights only for those that need them."""

@@ -79,16 +79,6 @@ def _load_tool(name: str):
     return mod
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_fp8_quality_measures_plain_against_quantized_trees(one_thread):
     import torch
 

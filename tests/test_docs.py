@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -72,14 +71,6 @@ SKIPPED = [b for b in ALL if b.lang in ("python", "bash", "sh") and b.skip]
 
 def _ids(p: Path) -> str:
     return str(p.relative_to(ROOT))
-
-
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("path", FILES, ids=_ids)
