@@ -52,7 +52,7 @@ from frontier.generation.drafting import CallDrafts  # noqa: E402
 
 DEFAULT_PROMPTS = _REPO / "tools" / "prompts" / "heldout.jsonl"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHTS = ("plain", "fp8")
+WEIGHTS = frontier.bench.WEIGHTS
 
 
 def _script(name: str, path: str) -> Any:
@@ -85,12 +85,11 @@ def parse_tree(text: str) -> tuple[int, int, int]:
 
 
 def parse_weights(text: str) -> list[str]:
-    """``"plain,fp8"`` -> ["plain", "fp8"] (each format once, in the given order)."""
-    names = [w.strip() for w in text.split(",") if w.strip()]
-    bad = [w for w in names if w not in WEIGHTS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"--weights takes {' and/or '.join(WEIGHTS)}, comma-separated; got {text!r}")
-    return list(dict.fromkeys(names))
+    """``"plain,fp8"`` -> ["plain", "fp8"] (``frontier.bench.parse_weights``)."""
+    try:
+        return frontier.bench.parse_weights(text)
+    except frontier.InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def head_weights(head: Any, names: Sequence[str]) -> dict[str, Any]:

@@ -256,6 +256,15 @@ def time_calls(fn, *, warmup: int = 5, reps: int = 50, device_only: bool = False
 WEIGHTS = ("plain", "fp8")
 
 
+def parse_weights(text: str) -> list[str]:
+    """``--weights``: ``"plain,fp8"`` -> ["plain", "fp8"] (each format once, in the given order);
+    an :class:`InputError` naming ``--weights`` and the formats otherwise."""
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    if not names or any(w not in WEIGHTS for w in names):
+        raise InputError(f"--weights takes comma-separated formats from {', '.join(WEIGHTS)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
 def bench_weights(case: BenchCase, cfg: FrontierConfig, *, device: Any, dtype: torch.dtype, seed: int) -> DraftWeights:
     """The timed head: the loaded one when ``case.head`` is set, else random of the preset's shape;
     quantized to fp8 when ``case.weights`` says so."""

@@ -81,11 +81,9 @@ def run(args) -> int:
     if not depths or any(d < 1 for d in depths):
         raise InputError(f"--depth takes comma-separated positive integers (e.g. 5,7), got {args.depth!r}")
     batches = parse_batches(args.batch)
-    from ..bench import WEIGHTS
+    from ..bench import parse_weights
 
-    weights = [w.strip() for w in args.weights.split(",") if w.strip()]
-    if not weights or any(w not in WEIGHTS for w in weights):
-        raise InputError(f"--weights takes comma-separated formats from {', '.join(WEIGHTS)}, got {args.weights!r}")
+    weights = parse_weights(args.weights)
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     if not backends:
         raise InputError(f"--backend takes comma-separated backend names, got {args.backend!r}")
