@@ -65,6 +65,16 @@ def test_parse_batches_refuses_bad_sizes_naming_the_flag(text):
     assert repr(text) in str(err.value)
 
 
+def test_parse_weights_keeps_each_format_once_and_refuses_others_naming_the_flag():
+    from frontier.bench import parse_weights
+
+    assert parse_weights("plain, fp8,plain") == ["plain", "fp8"]
+    for bad in ("", "bf16", "fp8,int4"):
+        with pytest.raises(frontier.InputError, match=f"--weights takes .*plain, fp8.*{bad!r}"):
+            parse_weights(bad)
+    assert main(["bench", "--weights", "int4"]) == 2
+
+
 @pytest.mark.parametrize("text", ["0", "-1", "a", "1,x,4"])
 def test_cli_refuses_a_bad_batch_before_anything_runs(text, capsys):
     assert main(["bench", "--batch", text]) == 2
