@@ -191,10 +191,10 @@ class DraftWeights:
     # (target vocabulary, identity and version of every tensor) when their values last passed
     # check_values; an in-place write bumps a tensor's version and so forces a new check
     _values_ok: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
-
-    # --------------------------------------------------------------------------------------
+    # derived data kept while the head's tensors stay the same (memo): key -> (stamp, value)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    # --------------------------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
         """The activation (compute) dtype: the embedding's, which fp8 heads keep unquantized."""
