@@ -166,7 +166,7 @@ class Drafter:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InputError(f"seed must be an int, got seed={seed!r}")
         self.backend, impl = resolve_backend(backend, fallback)
-        if not callable(getattr(impl, "static_drafter", None)):
+        if not supports_static(impl):
             impl, options = self._fall_back(fallback, "it has no static_drafter"), {}
         weights = resolve_weights(weights, None, None)
         self.cfg, self.sampling, self.seed = cfg, sampling, seed
@@ -509,6 +509,11 @@ class Drafter:
         return (f"Drafter(backend={self.backend!r}, max_batch={self.max_batch}, max_context={self.max_context}, "
                 f"max_new_rows={self.max_new_rows}, total_token={self.cfg.total_token}, depth={self.cfg.depth}, "
                 f"top_k={self.cfg.top_k}, dtype={self.dtype}, device={self.device})")
+
+
+def supports_static(backend_impl: Any) -> bool:
+    """Whether a backend can draft from a Drafter's static buffers (``Backend.static_drafter``)."""
+    return callable(getattr(backend_impl, "static_drafter", None))
 
 
 def _same_index(device: torch.device, like: torch.device) -> torch.device:

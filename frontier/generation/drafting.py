@@ -67,8 +67,3 @@ class StaticDrafts:
 
     def keep(self, keep: list[int]) -> None:
         self.d.keep_slots(keep)
-
-
-def supports_static(backend_impl: Any) -> bool:
-    """Whether a backend can draft from a Drafter's static buffers."""
-    return callable(getattr(backend_impl, "static_drafter", None))

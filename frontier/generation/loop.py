@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 
 from ..config import FrontierConfig
-from ..drafter import Drafter
+from ..drafter import Drafter, supports_static
 from ..errors import InputError, NonFiniteError
 from ..registry import get_backend
 from ..request import check_options
@@ -33,7 +33,7 @@ from ..weights import DraftWeights
 from .acceptance import SamplingParams, greedy_accept, greedy_accept_batch, sampling_accept, warp_logits
 from .arguments import GenerationArgs, check_draft_options, check_head_matches_target, generation_args
 from .distributed import check_tp_device, read_agreed, shared_seed, tp_group
-from .drafting import CallDrafts, StaticDrafts, supports_static
+from .drafting import CallDrafts, StaticDrafts
 from .stats import BatchGenerationResult, BatchGenerationStats, GenerationResult, GenerationStats
 from .target import (
     TargetRunner, check_cache_length, compact_cache, compact_cache_batch, select_cache_rows,
