@@ -4,6 +4,7 @@ included) to use them there."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -13,6 +14,7 @@ import torch
 import frontier
 from frontier.generation import random_pair
 from frontier.random_head import random_config, random_weights
+from frontier.registry import register_backend, unregister_backend
 
 V = 256  # the tiny target's vocabulary
 
@@ -118,3 +120,14 @@ def plant_continuation(fr, future, rng, vocab=V):
                 used.add(alt)
     fr.draft_tokens = tokens[None]
     return fr
+
+
+@contextlib.contextmanager
+def registered(backend):
+    """``backend`` registered under its name (replacing any) while the block runs; a fixture
+    yields inside it."""
+    register_backend(backend.name, backend, clobber=True)
+    try:
+        yield backend
+    finally:
+        unregister_backend(backend.name)

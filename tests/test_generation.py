@@ -21,7 +21,7 @@ from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
     DEPRECATIONS_FAIL,
     TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, on_backend_device, pair,
-    plant_continuation,
+    plant_continuation, registered,
 )
 
 pytestmark = DEPRECATIONS_FAIL
@@ -89,18 +89,14 @@ class StaticOracleBackend(OracleBackend):
 
 @pytest.fixture
 def static_oracle():
-    b = StaticOracleBackend()
-    register_backend(b.name, b, clobber=True)
-    yield b
-    unregister_backend(b.name)
+    with registered(StaticOracleBackend()) as b:
+        yield b
 
 
 @pytest.fixture
 def oracle():
-    b = OracleBackend()
-    register_backend(b.name, b, clobber=True)
-    yield b
-    unregister_backend(b.name)
+    with registered(OracleBackend()) as b:
+        yield b
 
 
 # ----------------------------------------------------------------------------------------------

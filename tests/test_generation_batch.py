@@ -24,7 +24,7 @@ from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
     DEPRECATIONS_FAIL,
     TREES, V, _head, _one_thread, _reference, _weights_for, interpreted, on_backend_device, pair,
-    plant_continuation,
+    plant_continuation, registered,
 )
 
 pytestmark = DEPRECATIONS_FAIL
@@ -70,10 +70,8 @@ class BatchOracle(Backend):
 
 @pytest.fixture
 def oracle():
-    b = BatchOracle()
-    register_backend(b.name, b, clobber=True)
-    yield b
-    unregister_backend(b.name)
+    with registered(BatchOracle()) as b:
+        yield b
 
 
 # ----------------------------------------------------------------------------------------------

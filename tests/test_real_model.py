@@ -25,6 +25,7 @@ from frontier.random_head import random_config, random_weights
 from frontier.registry import Backend, register_backend, unregister_backend
 from gen_support import (  # noqa: F401
     DEPRECATIONS_FAIL, _one_thread, _weights_for, interpreted, on_backend_device, plant_continuation,
+    registered,
 )
 
 pytest_plugins = ["real_model_fixture"]
@@ -110,10 +111,8 @@ class _Oracle(Backend):
 
 @pytest.fixture
 def oracle(smollm2):
-    b = _Oracle(smollm2[0].config.vocab_size)
-    register_backend(b.name, b, clobber=True)
-    yield b
-    unregister_backend(b.name)
+    with registered(_Oracle(smollm2[0].config.vocab_size)) as b:
+        yield b
 
 
 @pytest.mark.slow
