@@ -19,7 +19,9 @@ import triton.language as tl
 
 import frontier
 from frontier import Drafter, InputError, frontier_generate
-from frontier.backends.triton.fp8 import BF16_BITS, FP8_DEQUANT, FP8_EXACT, PLAIN, StreamFormats, stream_formats
+from frontier.backends.triton.fp8 import (
+    BF16_BITS, FP8_DEQUANT, FP8_EXACT, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
+)
 from frontier.backends.triton.kernels.stream import _e4m3_bf16
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
@@ -102,7 +104,8 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
     cfg, q = _head(arch, dtype, pow2, seed=len(arch) + batch)
     tuning = LAUNCHES[launch]
     form = stream_formats(q, dtype)
-    assert set(vars(form).values()) == {FP8_EXACT if pow2 else FP8_DEQUANT}
+    swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot at 16-row tiles)
+    assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
     plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
     chunks = [k for k in plain if k.startswith("BK")]
@@ -143,18 +146,21 @@ def test_stream_formats_follow_the_scales_and_the_compute_dtype():
         h.scales["fc.weight"].fill_(2.0 ** -16)  # (the e4m3 quantum 2^-9 times it: 2^-25 < fp16's 2^-24)
         h.scales["midlayer.mlp.down_proj.weight"].fill_(2.0 ** -15)  # 2^-24: exact
     form = stream_formats(h, torch.float16)
-    assert form.fc == FP8_DEQUANT and form.d == FP8_EXACT and form.o == FP8_EXACT
+    assert form.fc == FP8_DEQUANT + SWAP_DOT and form.d == FP8_EXACT + SWAP_DOT and form.o == FP8_EXACT + SWAP_DOT
 
 
 def test_bf16_on_a_gpu_converts_e4m3_with_integer_ops(monkeypatch):
     _, w = _head("eagle3", torch.float32, True)
     bf = w.to(dtype=torch.bfloat16)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the format is chosen for a GPU launch; nothing runs)
-    assert stream_formats(bf, torch.bfloat16) == StreamFormats(*[FP8_EXACT + BF16_BITS] * 6)
-    assert stream_formats(bf.dequantized().quantized(power_of_two=False), torch.bfloat16).lm == FP8_DEQUANT + BF16_BITS
-    assert stream_formats(w.to(dtype=torch.float16), torch.float16).fc == FP8_EXACT  # only bf16 has the bit form
+    assert stream_formats(bf, torch.bfloat16) == StreamFormats(*[FP8_EXACT + BF16_BITS + SWAP_DOT] * 6)
+    assert (stream_formats(bf.dequantized().quantized(power_of_two=False), torch.bfloat16).lm
+            == FP8_DEQUANT + BF16_BITS + SWAP_DOT)
+    # only bf16 has the bit form; every 16-bit dtype swaps the dot, fp32 keeps its IEEE dot as it is
+    assert stream_formats(w.to(dtype=torch.float16), torch.float16).fc == FP8_EXACT + SWAP_DOT
+    assert stream_formats(w, torch.float32).fc == FP8_EXACT
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert stream_formats(bf, torch.bfloat16).fc == FP8_EXACT
+    assert stream_formats(bf, torch.bfloat16).fc == FP8_EXACT + SWAP_DOT
 
 
 def test_a_stream_mixing_fp8_and_plain_matrices_is_refused():

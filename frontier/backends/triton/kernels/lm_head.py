@@ -9,8 +9,10 @@ import triton
 import triton.language as tl
 
 from .layout import KEY32_NONE, KEY_NONE, W_EVICT
-from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _mma, _rank_rounds, _wide_key
-from .stream import _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_operand, _x_chunk
+from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _rank_rounds, _wide_key
+from .stream import (
+    _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_dot, _w_operand,
+)
 
 
 @triton.jit
@@ -64,6 +66,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     (``stream``'s module docstring)."""
     DT = x_ptr.dtype.element_ty
     K16: tl.constexpr = KEY16 and ONE_SUB
+    SWAP: tl.constexpr = W8 >= 8 and BM == 16  # (``stream._w_dot``)
     rbm = tl.arange(0, BM)
     rp = tl.arange(0, BNS)
     rk = tl.arange(0, BK)
@@ -78,15 +81,15 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
         sc1 = _row_scale(s_ptr, rr1, m1, W8)
         for m0 in range(0, M, BM):
             rm = m0 + rbm
-            acc1 = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc1 = _acc_init(BNS, BM, SWAP)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
                 km = (kk[None, :] < Kd)
-                x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
                 w1 = tl.load(w1row[:, None] + k0 * kstep + rk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
-                acc1 = _mma(_w_operand(w1, sc1, DT, W8), x, acc1, IEEE)
-            key1, tmax, logit1 = _lm_keys(_acc_scaled(acc1, sc1, W8), rr1, m1, rm, M, DT, K16, pid * RP)
+                acc1 = _w_dot(acc1, _w_operand(w1, sc1, DT, W8), x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
+            key1, tmax, logit1 = _lm_keys(_acc_scaled(_acc_rows(acc1, SWAP), sc1, W8), rr1, m1, rm, M, DT, K16,
+                                          pid * RP)
             safe = tl.where(tmax == float("-inf"), 0.0, tmax)
             tsum = tl.sum(tl.exp(logit1 - safe[:, None]), axis=1)
             rmask = rm < MR

@@ -10,7 +10,12 @@ Weight formats (``W8``, one per stream; ``frontier.backends.triton.fp8``): 0, th
 the compute dtype, the row's scale applied to the fp32 accumulator after the k-loop, which gives
 the bits of the dequantized weight's dot; 2, e4m3 with any row scales - each weight dequantized
 in registers, ``(w * scale)`` rounded to the compute dtype, as the reference dequantizes. Plus 4
-(bf16 on a GPU): the e4m3 -> bf16 conversion is done with integer ops (``_e4m3_bf16``).
+(bf16 on a GPU): the e4m3 -> bf16 conversion is done with integer ops (``_e4m3_bf16``). Plus 8
+(16-bit dtypes): where the activation tile is 16 rows, the dot takes the activations as its first
+operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on mma.sync with the weights read
+from shared memory by ldmatrix, 16 bytes at a time, rather than on wgmma with the converted weights
+as its register operand, which it gathers two bytes at a time (the 8B gate/up at batch 1 on an
+H200: 35 us against 52 us, bf16 57 us; docs/results/fp8_stream_h200.json).
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -25,26 +30,22 @@ from .numerics import _mma, _silu_rn
 
 @triton.jit
 def _e4m3_bf16(w):
-    """e4m3 -> bf16, exactly, with integer ops, four elements per instance: each byte goes to the
-    high byte of a 16-bit lane (``prmt``), its seven magnitude bits are shifted into bf16's
-    exponent and mantissa fields - the value times 2^-120, subnormals included - and one bf16x2
-    multiply by 2^120 restores it: ALU work in place of two conversion instructions per element.
-    (On an H200 the stream's time was the same either way; every fp8 timing in docs/results was
-    made with this form.)"""
+    """e4m3 -> bf16, exactly, with integer ops, four elements per instance: ``prmt`` puts each byte
+    in the low byte of a 16-bit lane with its sign replicated through the high byte, so that a
+    shift by 4 and one mask leave sign, exponent and mantissa at bf16's places - the value times
+    2^-120, subnormals included - and one bf16x2 multiply by 2^120 restores it: four ALU ops per
+    pair in place of Triton's conversion sequence (the 8B gate/up at batch 1 on an H200, swapped:
+    35 us against 55 us; docs/results/fp8_stream_h200.json). (The two NaN bytes become +-480;
+    quantizing finite weights never produces them.)"""
     return tl.inline_asm_elementwise(
         asm="""{
-        .reg .b32 a, b, c, d, k, z;
-        mov.b32 z, 0;
-        prmt.b32 a, $2, z, 0x1404;
-        prmt.b32 b, $2, z, 0x3424;
-        shr.b32 c, a, 4;
-        shr.b32 d, b, 4;
-        and.b32 c, c, 0x07F007F0;
-        and.b32 d, d, 0x07F007F0;
-        and.b32 a, a, 0x80008000;
-        and.b32 b, b, 0x80008000;
-        or.b32 a, a, c;
-        or.b32 b, b, d;
+        .reg .b32 a, b, k, z;
+        prmt.b32 a, $2, 0, 0x9180;
+        prmt.b32 b, $2, 0, 0xB3A2;
+        shl.b32 a, a, 4;
+        shl.b32 b, b, 4;
+        and.b32 a, a, 0x87F087F0;
+        and.b32 b, b, 0x87F087F0;
         mov.b32 k, 0x7B807B80;
         mov.b32 z, 0x80008000;
         fma.rn.bf16x2 $0, a, k, z;
@@ -70,12 +71,12 @@ def _w_operand(w, sc, DT: tl.constexpr, W8: tl.constexpr):
     0), e4m3 converted exactly (1), or dequantized with its rows' scales ``sc`` (2); + 4: the
     conversion to bf16 with integer ops (``_e4m3_bf16``)."""
     if W8 % 4 == 1:
-        if W8 >= 4:
+        if W8 % 8 >= 4:
             w = _e4m3_bf16(w)
         else:
             w = w.to(DT)
     elif W8 % 4 == 2:
-        if W8 >= 4:
+        if W8 % 8 >= 4:
             wf = _e4m3_bf16(w).to(tl.float32)
         else:
             wf = w.to(tl.float32)
@@ -98,6 +99,39 @@ def _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi):
     below k_hi), the B operand of a weight-streaming dot; zeros elsewhere."""
     return tl.load(x_ptr + rm[None, :] * x_stride + kk[:, None], mask=(rm[None, :] < M) & (kk[:, None] < k_hi),
                    other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _acc_init(BNS: tl.constexpr, BM: tl.constexpr, SWAP: tl.constexpr):
+    """A zero fp32 accumulator of BNS weight rows x BM activation rows: [BNS, BM], or [BM, BNS]
+    when the dot is swapped (SWAP, ``_w_dot``)."""
+    if SWAP:
+        acc = tl.zeros([BM, BNS], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BNS, BM], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _w_dot(acc, w, x_ptr, x_stride, rm, kk, M, k_hi, IEEE: tl.constexpr, SWAP: tl.constexpr):
+    """One k-chunk of a weight stream: acc [BNS, BM] += w [BNS, BK] @ X[rm, kk]^T, or with SWAP
+    acc [BM, BNS] += X[rm, kk] @ w^T - the same products and sums, the activations the dot's first
+    operand (the module docstring says why)."""
+    if SWAP:
+        x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_hi),
+                    other=0.0, cache_modifier=".cg")
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
+    return acc
+
+
+@triton.jit
+def _acc_rows(acc, SWAP: tl.constexpr):
+    """An accumulator of ``_w_dot`` as [weight rows, activation rows]."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
 
 
 @triton.jit
@@ -150,8 +184,9 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
     acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages). W8 / sc: the weight
     format and the rows' scales [BNS] (module docstring)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
+    SWAP: tl.constexpr = W8 >= 8 and BM == 16 and BM2 == 0
     rk = tl.arange(0, BK)
-    acc = tl.zeros([BNS, BM], dtype=tl.float32)
+    acc = _acc_init(BNS, BM, SWAP)
     if BM2 > 0:
         acc2 = tl.zeros([BNS, BM2], dtype=tl.float32)
     else:
@@ -161,10 +196,10 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
         w = _w_operand(w, sc, DT, W8)
-        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
+        acc = _w_dot(acc, w, x_ptr, x_stride, rm, kk, M, k_hi, IEEE, SWAP)
         if BM2 > 0:
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
-    acc = _acc_scaled(acc, sc, W8)
+    acc = _acc_scaled(_acc_rows(acc, SWAP), sc, W8)
     if BM2 > 0:
         acc2 = _acc_scaled(acc2, sc, W8)
     return acc, acc2
@@ -265,7 +300,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            if FOLD > 1:  # (not QKV: one weight matrix)
+            if FOLD > 1 and not (W8 >= 8 and BM == 16):  # (not QKV: one weight matrix; a swapped dot needs no fold)
                 row0 = pid * RP + s0
                 acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
                                      BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD, s_ptr, W8)
@@ -390,6 +425,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
     both matrices are packed per slab (``_slab_base``). W8 / sg_ptr, su_ptr: both matrices' weight
     format and row scales."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
+    SWAP: tl.constexpr = W8 >= 8 and BM == 16 and BM2 == 0
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
@@ -401,8 +437,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
         sur = _row_scale(su_ptr, rr, rmask, W8)
         for m0 in range(0, M, BM + BM2):
             rm, rm2 = _row_tiles(m0, BM, BM2)
-            acc_g = tl.zeros([BNS, BM], dtype=tl.float32)
-            acc_u = tl.zeros([BNS, BM], dtype=tl.float32)
+            acc_g = _acc_init(BNS, BM, SWAP)
+            acc_u = _acc_init(BNS, BM, SWAP)
             if BM2 > 0:
                 acc_g2 = tl.zeros([BNS, BM2], dtype=tl.float32)
                 acc_u2 = tl.zeros([BNS, BM2], dtype=tl.float32)
@@ -416,14 +452,19 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wg = _w_operand(wg, sgr, DT, W8)
                 wu = _w_operand(wu, sur, DT, W8)
-                x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
-                acc_g = _mma(wg, x, acc_g, IEEE)
-                acc_u = _mma(wu, x, acc_u, IEEE)
+                if SWAP:
+                    acc_g = _w_dot(acc_g, wg, x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
+                    acc_u = _w_dot(acc_u, wu, x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
+                else:
+                    x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
+                    acc_g = _mma(wg, x, acc_g, IEEE)
+                    acc_u = _mma(wu, x, acc_u, IEEE)
                 if BM2 > 0:
                     x2 = _x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
                     acc_g2 = _mma(wg, x2, acc_g2, IEEE)
                     acc_u2 = _mma(wu, x2, acc_u2, IEEE)
-            _gateup_out(_acc_scaled(acc_g, sgr, W8), _acc_scaled(acc_u, sur, W8), rr, rmask, rm, M, y_ptr, N)
+            _gateup_out(_acc_scaled(_acc_rows(acc_g, SWAP), sgr, W8), _acc_scaled(_acc_rows(acc_u, SWAP), sur, W8),
+                        rr, rmask, rm, M, y_ptr, N)
             if BM2 > 0:
                 _gateup_out(_acc_scaled(acc_g2, sgr, W8), _acc_scaled(acc_u2, sur, W8), rr, rmask, rm2, M, y_ptr, N)
 
