@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call for fp8 heads: the fp8 GPU tests and the compile of every launch the bench makes (in parallel processes: the Triton cache on disk is shared), then the
 # bench itself in one process, bf16 and fp8 side by side: 8B and 1B presets at depth 7, batch 1
-# and 16, triton (then torch_ref at batch 1); fp8 vs plain trees of random heads. Writes
-# $OUT/fp8_bench*.json, $OUT/fp8_quality_gpu.json and $OUT/fp8_tests.txt.
+# and 16, triton (then torch_ref at batch 1), and one gate/up stream alone in each format
+# (benchmarks/fp8_stream.py); fp8 vs plain trees of random heads. Writes $OUT/fp8_bench*.json,
+# $OUT/fp8_stream.json, $OUT/fp8_quality_gpu.json and $OUT/fp8_tests.txt.
 # Usage (device tool, carrying .whl): bash tools/gpu/fp8.sh [bench seconds]
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -23,9 +24,11 @@ for p in eagle3-llama3.1-8b eagle3-llama3.2-1b; do
   done
 done
 if [ "${FP8_TESTS:-1}" = 1 ]; then  # FP8_TESTS=0: the bench alone
-  # fp8 vs plain trees on random heads (benchmarks/fp8_quality.py; torch_ref: no compile)
-  timeout 200 python3 benchmarks/fp8_quality.py --device cuda --backend torch_ref --seeds 8 \
-    --json-out "$OUT/fp8_quality_gpu.json" > "$OUT/fp8_quality.txt" 2>&1 &
+  if [ "${FP8_QUALITY:-1}" = 1 ]; then  # FP8_QUALITY=0: the tests without the quality run
+    # fp8 vs plain trees on random heads (benchmarks/fp8_quality.py; torch_ref: no compile)
+    timeout 200 python3 benchmarks/fp8_quality.py --device cuda --backend torch_ref --seeds 8 \
+      --json-out "$OUT/fp8_quality_gpu.json" > "$OUT/fp8_quality.txt" 2>&1 &
+  fi
   timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 tests/test_triton_fp8.py > "$OUT/fp8_tests.txt" 2>&1
   stamp "fp8 GPU tests: $(tail -1 "$OUT/fp8_tests.txt")"
 fi
@@ -40,8 +43,10 @@ timeout "${1:-240}" bash -c "$(declare -f bench); bench --preset eagle3-llama3.1
 stamp "torch_ref beside it (batch 1, uncaptured)"
 timeout 60 bash -c "$(declare -f bench); bench --preset eagle3-llama3.1-8b --preset eagle3-llama3.2-1b --depth 7 \
   --weights plain,fp8 --batch 1 --backend torch_ref --no-captured --reps 50 --json-out $OUT/fp8_bench_torch_ref.json" 2>&1 | tail -8
+stamp "one stream alone (benchmarks/fp8_stream.py)"
+timeout 120 python3 benchmarks/fp8_stream.py --json-out "$OUT/fp8_stream.json" 2>&1 | grep -v Warning
 stamp "done"
 if [ "${FP8_TESTS:-1}" = 1 ]; then
-  tail -15 "$OUT/fp8_quality.txt"
+  [ -f "$OUT/fp8_quality.txt" ] && tail -15 "$OUT/fp8_quality.txt"
   grep -E "^(FAILED|E  )|passed|failed" "$OUT/fp8_tests.txt" | tail -25
 fi

@@ -1,0 +1,141 @@
+"""One weight stream alone: the triton backend's gate/up phase (``kernels.stream._ph_gateup``) at
+batch 1 (10 activation rows, one 16-row tile), on one program per SM, in each weight format it
+streams - bf16, and e4m3 with power-of-two row scales (``fp8.FP8_EXACT``) with and without the
+swapped dot (``SWAP_DOT``) and the integer conversion (``BF16_BITS``) - at a few stage sizes.
+Prints microseconds per call and the bytes streamed per second against the device's copy
+bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
+of the dequantized weights (identical, or off in the last bits where the dot's sums are ordered
+differently).
+
+    python benchmarks/fp8_stream.py --json-out fp8_stream.json     # needs a CUDA GPU
+
+The shapes are the bench presets' MLP: 8B (14336 x 4096 per matrix) and 1B (8192 x 2048).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(_REPO))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
+from frontier.backends.triton.kernels.stream import _ph_gateup  # noqa: E402
+from frontier.bench import copy_bandwidth  # noqa: E402
+from frontier.weights import quantize_fp8  # noqa: E402
+
+SHAPES = {"8B": (14336, 4096), "1B": (8192, 2048)}
+ROWS = 10  # the tree rows of one sequence at top_k 10
+FORMATS = {  # name -> W8
+    "bf16": PLAIN,
+    "fp8": FP8_EXACT + BF16_BITS,
+    "fp8 swapped, Triton's conversion": FP8_EXACT + SWAP_DOT,
+    "fp8 swapped": FP8_EXACT + BF16_BITS + SWAP_DOT,
+}
+
+
+@triton.jit
+def _gateup_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, sg_ptr, su_ptr, M, N, Kd, RP,
+                   BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, W8: tl.constexpr):
+    _ph_gateup(tl.program_id(0), tl.num_programs(0), x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP, BM=16, BNS=BNS,
+               BK=BK, IEEE=False, BM2=0, ST=ST, PACK=True, sg_ptr=sg_ptr, su_ptr=su_ptr, W8=W8)
+
+
+def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
+    """w [N, K] packed per slab as the launcher packs gate/up (``plan.pack_slabs``): program p's
+    RP rows as [ceil(K / BK), RP, BK]."""
+    n, k = w.shape
+    kp = -(-k // bk) * bk
+    out = torch.zeros(grid * rp, kp, dtype=w.dtype, device=w.device)
+    out[:n, :k] = w
+    return out.view(grid, rp, kp // bk, bk).permute(0, 2, 1, 3).contiguous()
+
+
+def _time_us(fn, reps: int) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
+        best = min(best, s.elapsed_time(e) * 1e3 / reps)
+    return best
+
+
+def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
+    dev = torch.device("cuda")
+    grid = torch.cuda.get_device_properties(dev).multi_processor_count
+    bw = copy_bandwidth(dev)
+    rows = []
+    print(f"{torch.cuda.get_device_name(dev)}: {grid} programs, copy bandwidth {bw / 1e12:.2f} TB/s")
+    for shape in shapes:
+        n, k = SHAPES[shape]
+        gen = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16)
+        w = [(torch.randn(n, k, device=dev, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
+        q = [quantize_fp8(m) for m in w]  # (e4m3 [n, k], fp32 power-of-two scales [n])
+        deq = [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
+        rp = -(-n // grid)
+        bns = 1 << max(4, (rp - 1).bit_length())
+        ref = None
+        for name, w8 in FORMATS.items():
+            mats = deq if w8 == PLAIN else [a for a, _ in q]
+            for kb in stage_kb:
+                bk = min(512, max(16, kb * 1024 // (bns * 2 * mats[0].element_size())))
+                g, u = (_packed(m, grid, rp, bk) for m in mats)
+                y = torch.zeros(ROWS, n, device=dev, dtype=torch.bfloat16)
+
+                def call():
+                    _gateup_kernel[(grid,)](x, g, u, y, q[0][1], q[1][1], ROWS, n, k, rp, BNS=bns, BK=bk, ST=4, W8=w8,
+                                            num_warps=8)
+
+                us = _time_us(call, reps)
+                if ref is None:
+                    ref = y.clone()
+                nbytes = 2 * n * k * mats[0].element_size()
+                same = (y == ref).float().mean().item()
+                diff = (y.float() - ref.float()).abs().max().item()
+                rows.append(dict(shape=shape, weights=name, stage_kb=kb, BK=bk, us=us, bytes=nbytes,
+                                 pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same, max_diff=diff))
+                print(f"{shape} {name:34s} {kb:3d} KB stages (BK {bk:3d}): {us:7.2f} us, "
+                      f"{100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: {100 * same:.2f}% identical, "
+                      f"max diff {diff:.3g}", flush=True)
+    return {"device": torch.cuda.get_device_name(dev), "programs": grid, "copy_bandwidth_Bps": bw, "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="8B,1B", help="comma-separated: 8B, 1B")
+    ap.add_argument("--stage-kb", default="16,32", help="weight bytes per pipeline stage, in KB (comma-separated)")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--json-out", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fp8_stream.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes = [s for s in a.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        ap.error(f"--shapes: unknown {bad}; choose from {sorted(SHAPES)}")
+    res = run(shapes, [int(v) for v in a.stage_kb.split(",") if v], a.reps)
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
