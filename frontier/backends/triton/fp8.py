@@ -18,7 +18,7 @@ e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 In bf16 on a GPU either form adds ``BF16_BITS``: the e4m3 -> bf16 conversion is done with integer
 ops and one exact bf16 multiply (``kernels.stream._e4m3_bf16``) instead of conversion
 instructions. In a 16-bit compute dtype either form adds ``SWAP_DOT``: where the activation tile is
-16 rows (batch 1), every stream's dot takes the activations as its first operand
+16 rows (batch 1), every unfolded stream's dot takes the activations as its first operand
 (``kernels.stream._w_dot``), which keeps Triton from gathering the converted weights two bytes at
 a time.
 

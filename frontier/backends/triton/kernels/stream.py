@@ -15,7 +15,9 @@ in registers, ``(w * scale)`` rounded to the compute dtype, as the reference deq
 operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on mma.sync with the weights read
 from shared memory by ldmatrix, 16 bytes at a time, rather than on wgmma with the converted weights
 as its register operand, which it gathers two bytes at a time (the 8B gate/up at batch 1 on an
-H200: 35 us against 52 us, bf16 57 us; docs/results/fp8_stream_h200.json).
+H200: 35 us against 52 us, bf16 57 us; docs/results/fp8_stream_h200.json). Folded streams (FOLD > 1:
+fc, o_proj and down at batch 1) stay unswapped: their slabs are 32 rows, and every warp of a
+swapped dot would read the activation chunk from shared memory, eight times the weight bytes.
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -300,7 +302,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            if FOLD > 1 and not (W8 >= 8 and BM == 16):  # (not QKV: one weight matrix; a swapped dot needs no fold)
+            if FOLD > 1:  # (not QKV: one weight matrix; folded streams keep the weights first, unswapped)
                 row0 = pid * RP + s0
                 acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
                                      BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD, s_ptr, W8)

@@ -1,15 +1,18 @@
-"""One weight stream alone: the triton backend's gate/up phase (``kernels.stream._ph_gateup``) at
-batch 1 (10 activation rows, one 16-row tile), on one program per SM, in each weight format it
-streams - bf16, and e4m3 with power-of-two row scales (``fp8.FP8_EXACT``) with and without the
-swapped dot (``SWAP_DOT``) and the integer conversion (``BF16_BITS``) - at a few stage sizes.
+"""One weight stream alone, at batch 1 (10 activation rows, one 16-row tile), on one program per
+SM, in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
+scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``) and the integer
+conversion (``BF16_BITS``) - at a few stage sizes: the gate/up phase (``kernels.stream._ph_gateup``,
+both matrices packed per slab) and the down projection (``_ph_linear`` with the residual, its
+k-chunks folded 4 ways as the launcher folds it at batch 1, or swapped and unfolded).
 Prints microseconds per call and the bytes streamed per second against the device's copy
 bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
 of the dequantized weights (identical, or off in the last bits where the dot's sums are ordered
 differently).
 
-    python benchmarks/fp8_stream.py --json-out fp8_stream.json     # needs a CUDA GPU
+    python tools/gpu/fp8_stream.py --json-out fp8_stream.json     # needs a CUDA GPU
 
-The shapes are the bench presets' MLP: 8B (14336 x 4096 per matrix) and 1B (8192 x 2048).
+The shapes are the bench presets': 8B (gate/up 14336 x 4096 per matrix, down 4096 x 14336) and 1B
+(8192 x 2048, down 2048 x 8192).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 if str(_REPO) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(_REPO))
 
@@ -29,11 +32,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
-from frontier.backends.triton.kernels.stream import _ph_gateup  # noqa: E402
+from frontier.backends.triton.kernels.stream import _ph_gateup, _ph_linear  # noqa: E402
 from frontier.bench import copy_bandwidth  # noqa: E402
 from frontier.weights import quantize_fp8  # noqa: E402
 
-SHAPES = {"8B": (14336, 4096), "1B": (8192, 2048)}
+SHAPES = {"8B": (14336, 4096), "1B": (8192, 2048)}  # gate/up [N, K]; down is [K, N]
 ROWS = 10  # the tree rows of one sequence at top_k 10
 FORMATS = {  # name -> W8
     "bf16": PLAIN,
@@ -48,6 +51,21 @@ def _gateup_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, sg_ptr, su_ptr, M, N, Kd, RP,
                    BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, W8: tl.constexpr):
     _ph_gateup(tl.program_id(0), tl.num_programs(0), x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP, BM=16, BNS=BNS,
                BK=BK, IEEE=False, BM2=0, ST=ST, PACK=True, sg_ptr=sg_ptr, su_ptr=su_ptr, W8=W8)
+
+
+@triton.jit
+def _down_kernel(x_ptr, w_ptr, y_ptr, r_ptr, s_ptr, M, N, Kd, RP,
+                 BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, FOLD: tl.constexpr, W8: tl.constexpr):
+    _ph_linear(tl.program_id(0), tl.num_programs(0), x_ptr, Kd, M, w_ptr, N, Kd, Kd, y_ptr, N, r_ptr, N, r_ptr, w_ptr,
+               w_ptr, 0, RP, MODE=1, BM=16, BNS=BNS, BK=BK, IEEE=False, VEC=1, ST=ST, FOLD=FOLD, STF=0, s_ptr=s_ptr,
+               W8=W8)
+
+
+DOWN = {  # name -> (W8, FOLD)
+    "bf16, folded": (PLAIN, 4),
+    "fp8, folded": (FP8_EXACT + BF16_BITS + SWAP_DOT, 4),  # (a folded stream stays unswapped)
+    "fp8 swapped": (FP8_EXACT + BF16_BITS + SWAP_DOT, 1),
+}
 
 
 def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
@@ -109,12 +127,47 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                 nbytes = 2 * n * k * mats[0].element_size()
                 same = (y == ref).float().mean().item()
                 diff = (y.float() - ref.float()).abs().max().item()
-                rows.append(dict(shape=shape, weights=name, stage_kb=kb, BK=bk, us=us, bytes=nbytes,
+                rows.append(dict(shape=shape, stream="gate/up", weights=name, stage_kb=kb, BK=bk, us=us, bytes=nbytes,
                                  pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same, max_diff=diff))
                 print(f"{shape} {name:34s} {kb:3d} KB stages (BK {bk:3d}): {us:7.2f} us, "
                       f"{100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: {100 * same:.2f}% identical, "
                       f"max diff {diff:.3g}", flush=True)
+        rows += _down(shape, k=n, n=k, grid=grid, bw=bw, reps=reps)
     return {"device": torch.cuda.get_device_name(dev), "programs": grid, "copy_bandwidth_Bps": bw, "rows": rows}
+
+
+def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[dict]:
+    """The down projection [n, k] (+ residual) in each format of ``DOWN``, the launcher's batch-1
+    geometry: RP = ceil(n / grid) rows per program, 512-column k-chunks, 3 stages."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(1)
+    x = torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16)
+    res = torch.randn(ROWS, n, device=dev, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    q, sc = quantize_fp8(w)
+    deq = (q.float() * sc[:, None]).to(torch.bfloat16)
+    rp = -(-n // grid)
+    bns = 1 << max(4, (rp - 1).bit_length())
+    rows, ref = [], None
+    for name, (w8, fold) in DOWN.items():
+        mat = deq if w8 == PLAIN else q
+        y = torch.empty(ROWS, n, device=dev, dtype=torch.bfloat16)
+
+        def call():
+            _down_kernel[(grid,)](x, mat, y, res, sc, ROWS, n, k, rp, BNS=bns, BK=512, ST=3, FOLD=fold, W8=w8,
+                                  num_warps=8)
+
+        us = _time_us(call, reps)
+        if ref is None:
+            ref = y.clone()
+        nbytes = n * k * mat.element_size()
+        same = (y == ref).float().mean().item()
+        rows.append(dict(shape=shape, stream="down", weights=name, stage_kb=None, BK=512, us=us, bytes=nbytes,
+                         pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
+                         max_diff=(y.float() - ref.float()).abs().max().item()))
+        print(f"{shape} down {name:29s} (BK 512): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
+              f"bandwidth; vs bf16: {100 * same:.2f}% identical", flush=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -125,7 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("fp8_stream.py needs a CUDA GPU", file=sys.stderr)
+        print("tools/gpu/fp8_stream.py needs a CUDA GPU", file=sys.stderr)
         return 2
     shapes = [s for s in a.shapes.split(",") if s]
     bad = [s for s in shapes if s not in SHAPES]
