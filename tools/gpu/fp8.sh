@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for fp8 heads: the fp8 GPU tests and the compile of every launch the bench makes (in parallel processes: the Triton cache on disk is shared), then the
 # bench itself in one process, bf16 and fp8 side by side: 8B and 1B presets at depth 7, batch 1
-# and 16, triton (then torch_ref at batch 1), and one gate/up stream alone in each format
+# and 16, triton (then torch_ref at batch 1), and the gate/up and down streams alone in each format
 # (tools/gpu/fp8_stream.py); fp8 vs plain trees of random heads. Writes $OUT/fp8_bench*.json,
 # $OUT/fp8_stream.json, $OUT/fp8_quality_gpu.json and $OUT/fp8_tests.txt.
 # Usage (device tool, carrying .whl): bash tools/gpu/fp8.sh [bench seconds]
@@ -43,7 +43,7 @@ timeout "${1:-240}" bash -c "$(declare -f bench); bench --preset eagle3-llama3.1
 stamp "torch_ref beside it (batch 1, uncaptured)"
 timeout 60 bash -c "$(declare -f bench); bench --preset eagle3-llama3.1-8b --preset eagle3-llama3.2-1b --depth 7 \
   --weights plain,fp8 --batch 1 --backend torch_ref --no-captured --reps 50 --json-out $OUT/fp8_bench_torch_ref.json" 2>&1 | tail -8
-stamp "one stream alone (tools/gpu/fp8_stream.py)"
+stamp "the gate/up and down streams alone (tools/gpu/fp8_stream.py)"
 timeout 120 python3 tools/gpu/fp8_stream.py --json-out "$OUT/fp8_stream.json" 2>&1 | grep -v Warning
 stamp "done"
 if [ "${FP8_TESTS:-1}" = 1 ]; then

@@ -33,6 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
 from frontier.backends.triton.kernels.stream import _ph_gateup, _ph_linear  # noqa: E402
+from frontier.backends.triton.tuning import Tuning, slab  # noqa: E402
 from frontier.bench import copy_bandwidth  # noqa: E402
 from frontier.weights import quantize_fp8  # noqa: E402
 
@@ -107,13 +108,13 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
         w = [(torch.randn(n, k, device=dev, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
         q = [quantize_fp8(m) for m in w]  # (e4m3 [n, k], fp32 power-of-two scales [n])
         deq = [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
-        rp = -(-n // grid)
-        bns = 1 << max(4, (rp - 1).bit_length())
         ref = None
         for name, w8 in FORMATS.items():
             mats = deq if w8 == PLAIN else [a for a, _ in q]
             for kb in stage_kb:
-                bk = min(512, max(16, kb * 1024 // (bns * 2 * mats[0].element_size())))
+                # the launcher's gate/up geometry (plan.py) with this stage size
+                tn = Tuning(stage_bytes=kb * 1024, fp8_stage_bytes=kb * 1024)
+                rp, bns, bk = slab(n, k, grid, mats[0].element_size(), 2, tn, 16, stages=4, x_elsize=2)
                 g, u = (_packed(m, grid, rp, bk) for m in mats)
                 y = torch.zeros(ROWS, n, device=dev, dtype=torch.bfloat16)
 
@@ -137,8 +138,8 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
 
 
 def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[dict]:
-    """The down projection [n, k] (+ residual) in each format of ``DOWN``, the launcher's batch-1
-    geometry: RP = ceil(n / grid) rows per program, 512-column k-chunks, 3 stages."""
+    """The down projection [n, k] (+ residual) in each format of ``DOWN``, in the launcher's
+    batch-1 geometry (plan.py: default tuning, 3 stages)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(1)
     x = torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16)
@@ -146,15 +147,14 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
     w = (torch.randn(n, k, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
     q, sc = quantize_fp8(w)
     deq = (q.float() * sc[:, None]).to(torch.bfloat16)
-    rp = -(-n // grid)
-    bns = 1 << max(4, (rp - 1).bit_length())
     rows, ref = [], None
     for name, (w8, fold) in DOWN.items():
         mat = deq if w8 == PLAIN else q
+        rp, bns, bk = slab(n, k, grid, mat.element_size(), 1, Tuning(), 16, stages=3, x_elsize=2)
         y = torch.empty(ROWS, n, device=dev, dtype=torch.bfloat16)
 
         def call():
-            _down_kernel[(grid,)](x, mat, y, res, sc, ROWS, n, k, rp, BNS=bns, BK=512, ST=3, FOLD=fold, W8=w8,
+            _down_kernel[(grid,)](x, mat, y, res, sc, ROWS, n, k, rp, BNS=bns, BK=bk, ST=3, FOLD=fold, W8=w8,
                                   num_warps=8)
 
         us = _time_us(call, reps)
@@ -162,10 +162,10 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
             ref = y.clone()
         nbytes = n * k * mat.element_size()
         same = (y == ref).float().mean().item()
-        rows.append(dict(shape=shape, stream="down", weights=name, stage_kb=None, BK=512, us=us, bytes=nbytes,
+        rows.append(dict(shape=shape, stream="down", weights=name, stage_kb=None, BK=bk, us=us, bytes=nbytes,
                          pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
                          max_diff=(y.float() - ref.float()).abs().max().item()))
-        print(f"{shape} down {name:29s} (BK 512): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
+        print(f"{shape} down {name:29s} (BK {bk:3d}): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
               f"bandwidth; vs bf16: {100 * same:.2f}% identical", flush=True)
     return rows
 

@@ -39,7 +39,8 @@ class Tuning:
     wide_slab_align: int = 16  # wide launches: whole 16-row MMA tiles per slab
     stage_bytes: int = 32768  # weights per pipeline stage (the lm_head's too)
     # fp8 streams of narrow launches: twice the bf16 stream's elements per stage (8B at batch 1 on
-    # an H200: 1.47 ms against 1.56 ms at 16 KB; docs/results/fp8_stage_bytes_h200.json)
+    # an H200, in a build that swapped fc, o_proj and down too: 1.47 ms against 1.56 ms at 16 KB;
+    # docs/results/fp8_stage_bytes_h200.json)
     fp8_stage_bytes: int = 32768
     smem_bytes: int = 225280  # shared memory one program may use for pipeline buffers (Hopper: 227 KB)
     num_warps: int = 8

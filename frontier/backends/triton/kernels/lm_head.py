@@ -12,6 +12,7 @@ from .layout import KEY32_NONE, KEY_NONE, W_EVICT
 from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _rank_rounds, _wide_key
 from .stream import (
     _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_dot, _w_operand,
+    _x_operand,
 )
 
 
@@ -87,7 +88,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
                 km = (kk[None, :] < Kd)
                 w1 = tl.load(w1row[:, None] + k0 * kstep + rk[None, :], mask=m1[:, None] & km, other=0.0,
                              eviction_policy=W_EVICT)
-                acc1 = _w_dot(acc1, _w_operand(w1, sc1, DT, W8), x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
+                acc1 = _w_dot(acc1, _w_operand(w1, sc1, DT, W8), _x_operand(x_ptr, Kd, rm, kk, M, Kd, SWAP), IEEE, SWAP)
             key1, tmax, logit1 = _lm_keys(_acc_scaled(_acc_rows(acc1, SWAP), sc1, W8), rr1, m1, rm, M, DT, K16,
                                           pid * RP)
             safe = tl.where(tmax == float("-inf"), 0.0, tmax)

@@ -15,9 +15,11 @@ in registers, ``(w * scale)`` rounded to the compute dtype, as the reference deq
 operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on mma.sync with the weights read
 from shared memory by ldmatrix, 16 bytes at a time, rather than on wgmma with the converted weights
 as its register operand, which it gathers two bytes at a time (the 8B gate/up at batch 1 on an
-H200: 35 us against 52 us, bf16 57 us; docs/results/fp8_stream_h200.json). Folded streams (FOLD > 1:
-fc, o_proj and down at batch 1) stay unswapped: their slabs are 32 rows, and every warp of a
-swapped dot would read the activation chunk from shared memory, eight times the weight bytes.
+H200: 35 us swapped at 32 KB stages, 52 us unswapped at its best, 16 KB; bf16 57 us;
+docs/results/fp8_stream_h200.json). Folded streams (FOLD > 1: fc, o_proj and down at batch 1)
+stay unswapped: their slabs are 16 to 32 rows, and every warp of a swapped dot would read the
+activation chunk from shared memory, up to eight times the weight bytes (the 8B down: 35.0 us
+swapped, 31.1 us folded).
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -71,7 +73,7 @@ def _row_scale(s_ptr, rows, rmask, W8: tl.constexpr):
 def _w_operand(w, sc, DT: tl.constexpr, W8: tl.constexpr):
     """A loaded weight tile [rows, k] as the dot's operand in the compute dtype DT: as it is (W8
     0), e4m3 converted exactly (1), or dequantized with its rows' scales ``sc`` (2); + 4: the
-    conversion to bf16 with integer ops (``_e4m3_bf16``)."""
+    conversion to bf16 with integer ops (``_e4m3_bf16``); + 8 (the swapped dot) changes nothing here."""
     if W8 % 4 == 1:
         if W8 % 8 >= 4:
             w = _e4m3_bf16(w)
@@ -115,16 +117,27 @@ def _acc_init(BNS: tl.constexpr, BM: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
-def _w_dot(acc, w, x_ptr, x_stride, rm, kk, M, k_hi, IEEE: tl.constexpr, SWAP: tl.constexpr):
-    """One k-chunk of a weight stream: acc [BNS, BM] += w [BNS, BK] @ X[rm, kk]^T, or with SWAP
-    acc [BM, BNS] += X[rm, kk] @ w^T - the same products and sums, the activations the dot's first
-    operand (the module docstring says why)."""
+def _x_operand(x_ptr, x_stride, rm, kk, M, k_hi, SWAP: tl.constexpr):
+    """The activation chunk of rows ``rm`` at columns ``kk`` as ``_w_dot`` takes it: [BK, rows]
+    (``_x_chunk``), or [rows, BK] when the dot is swapped."""
     if SWAP:
         x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < k_hi),
                     other=0.0, cache_modifier=".cg")
+    else:
+        x = _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi)
+    return x
+
+
+@triton.jit
+def _w_dot(acc, w, x, IEEE: tl.constexpr, SWAP: tl.constexpr):
+    """One k-chunk of a weight stream: acc [BNS, BM] += w [BNS, BK] @ x [BK, BM], or with SWAP
+    acc [BM, BNS] += x [BM, BK] @ w^T - the same products and sums, the activations the dot's
+    first operand (the module docstring says why; 16-bit dtypes only, so no IEEE dot)."""
+    if SWAP:
+        tl.static_assert(not IEEE, "a swapped dot is a 16-bit dot")
         acc = tl.dot(x, tl.trans(w), acc)
     else:
-        acc = _mma(w, _x_chunk(x_ptr, x_stride, rm, kk, M, k_hi), acc, IEEE)
+        acc = _mma(w, x, acc, IEEE)
     return acc
 
 
@@ -198,7 +211,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
                     eviction_policy=W_EVICT)
         w = _w_operand(w, sc, DT, W8)
-        acc = _w_dot(acc, w, x_ptr, x_stride, rm, kk, M, k_hi, IEEE, SWAP)
+        acc = _w_dot(acc, w, _x_operand(x_ptr, x_stride, rm, kk, M, k_hi, SWAP), IEEE, SWAP)
         if BM2 > 0:
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
     acc = _acc_scaled(_acc_rows(acc, SWAP), sc, W8)
@@ -454,13 +467,9 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
                 wg = _w_operand(wg, sgr, DT, W8)
                 wu = _w_operand(wu, sur, DT, W8)
-                if SWAP:
-                    acc_g = _w_dot(acc_g, wg, x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
-                    acc_u = _w_dot(acc_u, wu, x_ptr, Kd, rm, kk, M, Kd, IEEE, SWAP)
-                else:
-                    x = _x_chunk(x_ptr, Kd, rm, kk, M, Kd)
-                    acc_g = _mma(wg, x, acc_g, IEEE)
-                    acc_u = _mma(wu, x, acc_u, IEEE)
+                x = _x_operand(x_ptr, Kd, rm, kk, M, Kd, SWAP)
+                acc_g = _w_dot(acc_g, wg, x, IEEE, SWAP)
+                acc_u = _w_dot(acc_u, wu, x, IEEE, SWAP)
                 if BM2 > 0:
                     x2 = _x_chunk(x_ptr, Kd, rm2, kk, M, Kd)
                     acc_g2 = _mma(wg, x2, acc_g2, IEEE)
