@@ -18,9 +18,10 @@ e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 In bf16 on a GPU either form adds ``BF16_BITS``: the e4m3 -> bf16 conversion is done with integer
 ops and one exact bf16 multiply (``kernels.stream._e4m3_bf16``) instead of conversion
 instructions. In a 16-bit compute dtype either form adds ``SWAP_DOT``: wherever a stream's activation
-tile is 16 rows with no second tile (every stream at batch 1), its dot takes the activations as
-its first operand (``kernels.stream._w_dot``), which keeps Triton from gathering the converted
-weights two bytes at a time; folded streams (fc, o_proj and down at batch 1) stay unswapped.
+tile is 16 rows with no second tile and its k-chunks are not folded (gate/up, QKV and the lm_head
+at batch 1; fc, o_proj and down fold there), its dot takes the activations as its first operand
+(``kernels.stream._w_dot``), which keeps Triton from gathering the converted weights two bytes at
+a time.
 
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
 and the lm_head. The matrices of one stream share a format.
