@@ -69,6 +69,12 @@ def scale_key(key: str) -> str:
     return key + "_scale"
 
 
+def scale_owner(key: str) -> Optional[str]:
+    """The weight key an fp8 scale key belongs to (``fc.weight_scale`` -> ``fc.weight``, the
+    inverse of :func:`scale_key`); None when ``key`` names no scale."""
+    return key[: -len("_scale")] if key.endswith(".weight_scale") else None
+
+
 _CHUNK_ELEMS = 1 << 24  # (rows per step of the row-wise loops: about 64 MB of fp32 at a time)
 
 
@@ -513,8 +519,8 @@ class DraftWeights:
             raise WeightsError(f"{where}: missing tensor 'lm_head.weight'{hint}")
         d2t = state.get("d2t")
         # (a [out, 1] scale, as some fp8 checkpoints store it, is taken as [out])
-        scales = {k[: -len("_scale")]: (v.reshape(-1) if v.dim() == 2 and v.shape[1] == 1 else v)
-                  for k, v in state.items() if k.endswith(".weight_scale")}
+        scales = {scale_owner(k): (v.reshape(-1) if v.dim() == 2 and v.shape[1] == 1 else v)
+                  for k, v in state.items() if scale_owner(k)}
         return cls(
             scales=scales,
             architecture=arch,
@@ -547,4 +553,5 @@ class DraftWeights:
 
 
 __all__ = ["DraftWeights", "LayerWeights", "detect_architecture", "config_from_ea_layer", "head_tensor_shapes",
-           "FP8", "FP8_MAX", "quantize_fp8", "dequantize_fp8", "is_linear_key", "scale_key", "is_8bit_float"]
+           "FP8", "FP8_MAX", "quantize_fp8", "dequantize_fp8", "is_linear_key", "scale_key", "scale_owner",
+           "is_8bit_float"]

@@ -17,9 +17,10 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..errors import InputError
+from ..weights import is_8bit_float, scale_owner
 from .config_json import HeadDims
 from .files import PathLike, _dt
-from .plan import _is_fp8, _is_scale_key, _plan, _raise_problems
+from .plan import _plan, _raise_problems
 
 #: What ``quantize=`` accepts (load, describe, ``frontier inspect --quantize``): None (as stored)
 #: or "fp8" (e4m3 weights, one fp32 scale per output channel).
@@ -177,8 +178,8 @@ def describe_draft_head(
     stored = sorted({
         _dt(t.dtype)
         for k, t in plan.head_info.items()
-        if t.dtype.is_floating_point and k not in plan.fp8_keys and not _is_scale_key(k)
-        and not (_is_fp8(t.dtype) and k not in plan.dims.expected_shapes())
+        if t.dtype.is_floating_point and k not in plan.fp8_keys and scale_owner(k) is None
+        and not (is_8bit_float(t.dtype) and k not in plan.dims.expected_shapes())
     })
     if len(stored) > 1:
         plan.notes.append(f"the head stores several floating dtypes ({', '.join(stored)}): load it with dtype=")

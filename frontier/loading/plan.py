@@ -23,7 +23,7 @@ import torch
 
 from ..config import detect_architecture
 from ..errors import InputError, WeightsError
-from ..weights import FP8, LINEAR_NAMES, is_8bit_float, is_linear_key, scale_key
+from ..weights import FP8, LINEAR_NAMES, is_8bit_float, is_linear_key, scale_key, scale_owner
 from .checkpoint import CheckpointFiles, TensorInfo
 from .config_json import HeadDims, _dims_from_config
 from .files import PathLike, _dt, _read_json, _read_json_file, _shape
@@ -84,18 +84,11 @@ def _raise_problems(problems: list[str], path: Path) -> None:
     )
 
 
-_is_fp8 = is_8bit_float  # (torch's 8-bit floating formats: e4m3fn, e5m2, ...)
-
-
-def _is_scale_key(key: str) -> bool:
-    return key.endswith(".weight_scale")
-
-
 def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str, TensorInfo], arch: str) -> None:
     """The fp8 layout: every float8_e4m3fn tensor is a linear weight with a float32 ``[out]``
     scale ``<key>_scale``, and every scale belongs to such a weight. Records ``plan.fp8_keys``."""
     for key, t in info.items():
-        if key not in expected or not _is_fp8(t.dtype) or (arch == "eagle2" and key == "lm_head.weight"):
+        if key not in expected or not is_8bit_float(t.dtype) or (arch == "eagle2" and key == "lm_head.weight"):
             continue  # (the eagle2 head's own lm_head is ignored: a strict issue)
         where = f"head file {str(t.file)!r}: tensor {key!r}"
         if t.dtype != FP8:
@@ -114,9 +107,9 @@ def _check_fp8(plan: _Plan, expected: dict[str, tuple[int, ...]], info: dict[str
         else:
             plan.fp8_keys.add(key)
     for skey, t in info.items():
-        if not _is_scale_key(skey):
+        wkey = scale_owner(skey)
+        if wkey is None:
             continue
-        wkey = skey[: -len("_scale")]
         where = f"head file {str(t.file)!r}: fp8 scale {skey!r}"
         if wkey not in expected or not is_linear_key(wkey):
             what = "is not a tensor of" if wkey not in expected else "is not a linear weight of"
@@ -171,7 +164,8 @@ def _plan(
         raise InputError(f"path must be a local directory (str or os.PathLike), got {type(path).__name__}")
     if architecture not in (None, "eagle3", "eagle2"):
         raise InputError(f"architecture must be 'eagle3', 'eagle2' or None (detect from the keys), got {architecture!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point and not _is_fp8(dtype)):
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
+                                  and not is_8bit_float(dtype)):
         raise InputError(
             f"dtype must be a floating torch.dtype or None (keep the stored dtype), got {dtype!r}; it is the activation "
             "dtype - fp8 weights come from quantize='fp8' or from a head stored in fp8"
@@ -254,7 +248,7 @@ def _plan(
     _check_fp8(plan, expected, info, arch)
     known = set(expected) | {"d2t", "t2d"}
     for key, t in info.items():
-        if key in known or key.endswith(_IGNORED_SUFFIXES) or _is_scale_key(key):
+        if key in known or key.endswith(_IGNORED_SUFFIXES) or scale_owner(key) is not None:
             continue
         plan.strict_issues.append(
             f"head file {str(t.file)!r}: unexpected tensor {key!r} {_shape(t.shape)} for an {arch} head with this "
@@ -268,7 +262,8 @@ def _plan(
                 )
 
     # --- dtype: one floating dtype across the head unless dtype= casts (fp8 linears aside) ------
-    floats = [(k, t) for k, t in info.items() if k in expected and t.dtype.is_floating_point and not _is_fp8(t.dtype)]
+    floats = [(k, t) for k, t in info.items()
+              if k in expected and t.dtype.is_floating_point and not is_8bit_float(t.dtype)]
     if floats:
         counts: dict[torch.dtype, int] = {}
         for _, t in floats:
@@ -548,7 +543,7 @@ def _plan_externals(
                 f"{ext.where} ({label}) has shape {_shape(ext.shape)}, expected {_shape(expect)}"
                 + (f" — head/target {'; '.join(why)}" if why else "")
             )
-        elif not ext.dtype.is_floating_point or _is_fp8(ext.dtype):
+        elif not ext.dtype.is_floating_point or is_8bit_float(ext.dtype):
             plan.errors.append(
                 f"{ext.where} ({label}) has dtype {_dt(ext.dtype)}, expected a floating activation dtype "
                 "(float32, float16 or bfloat16)"
