@@ -1,15 +1,19 @@
 """fp8 heads on the triton backend: the e4m3 streams draft the bits of the dequantized head.
 
 An fp8 head's value is its dequantized weights (``DraftWeights.dequantized``). With the same
-k-chunks (the tiny heads here get the same chunking in both formats) the triton launch over the
-e4m3 bytes must equal, bit for bit, the launch over the dequantized weights - in both kernel
-forms (power-of-two scales on the accumulator; any scale dequantized in registers) and on every
-launch shape (narrow, wide split-K, unpacked, the QKV hidden half ahead). In fp32 the trees also
-equal torch_ref's on the fp8 head. GPU-only tests add bf16 and the real launch modes.
+k-chunks summed in the same order (the tiny heads here get the same chunking in both formats)
+the triton launch over the e4m3 bytes must equal, bit for bit, the launch over the dequantized
+weights - in both kernel forms (power-of-two scales on the accumulator; any scale dequantized in
+registers) and on every launch shape (narrow, wide split-K, unpacked, the QKV hidden half
+ahead). In 16-bit dtypes the fp8 fc / o_proj / down streams of 16-row tiles split their k-chunks
+where the plain ones fold them (another order of the same sums): there the launches agree to
+rounding. In fp32 the trees also equal torch_ref's on the fp8 head. GPU-only tests add bf16 and
+the real launch modes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -103,6 +107,8 @@ BITS = [
 def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, launch, batch):
     cfg, q = _head(arch, dtype, pow2, seed=len(arch) + batch)
     tuning = LAUNCHES[launch]
+    if dtype.itemsize == 2:  # unfolded: the fp8 streams' k-split and the plain ones' fold both off
+        tuning = dataclasses.replace(tuning, lin_fold=1)
     form = stream_formats(q, dtype)
     swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot at 16-row tiles)
     assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
@@ -112,6 +118,34 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
     assert {k: plain[k] for k in chunks} == {k: fp8[k] for k in chunks}  # the same k-chunks: the same sums
     _assert_identical(_draft_sequence(cfg, q, 11, tuning, batch=batch),
                       _draft_sequence(cfg, q.dequantized(), 11, tuning, batch=batch))
+
+
+@pytest.mark.parametrize("arch,launch,batch", [("eagle3", "narrow", 1), ("eagle2", "narrow", 1),
+                                               pytest.param("eagle3", "wide", 2, marks=_slow)])
+def test_fp16_fp8_split_streams_agree_with_the_folded_launch(arch, launch, batch):
+    """fp16 (a 16-bit dtype with the interpreter's dot): the fp8 fc / o_proj / down streams of a
+    16-row tile (batch 1; the context step's o_proj and down in wide launches) split each k-chunk
+    ``Tuning.swap_split`` ways (``_stream_split``), where the plain streams fold it. The same sums
+    in another order: the trees equal the dequantized head's folded launch, scores and new cache
+    rows agree to fp16 rounding."""
+    cfg, q = _head(arch, torch.float16, True, seed=7)
+    tuning = LAUNCHES[launch]
+    plain = Launcher(cfg, torch.float16, torch.device(DEVICE), tuning).plan(batch).const
+    fp8 = Launcher(cfg, torch.float16, torch.device(DEVICE), tuning, stream_formats(q, torch.float16)).plan(batch).const
+    tile = {"FOLD_FC": fp8["BMP"], "FOLD_O": fp8["BMP_B"], "FOLD_D": fp8["BMP_B"]}
+    assert plain["FOLD_D"] > 1 and fp8["FOLD_D"] > 1 and fp8["BMP_B"] == 16  # (down: folded, and split)
+    for k, bm in tile.items():
+        bk = fp8["BK" + k[4:]]
+        assert fp8[k] == 1 or (bm == 16 and bk // fp8[k] >= 16 and fp8[k] <= Tuning().swap_split)
+    a = _draft_sequence(cfg, q, 21, tuning, batch=batch)
+    b = _draft_sequence(cfg, q.dequantized(), 21, tuning, batch=batch)
+    for a_frs, b_frs in zip(a, b):
+        for x, y in zip(a_frs, b_frs):
+            assert x.same_tree(y)
+            torch.testing.assert_close(x.scores, y.scores, rtol=2e-3, atol=1e-3)
+            n = x.cache.length
+            torch.testing.assert_close(x.cache.k[:, :, :n], y.cache.k[:, :, :n], rtol=2e-3, atol=1e-3)
+            torch.testing.assert_close(x.cache.v[:, :, :n], y.cache.v[:, :, :n], rtol=2e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("arch", ["eagle3", "eagle2"])

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .fp8 import StreamFormats
+from .fp8 import SWAP_DOT, StreamFormats
 from .kernels.layout import CONTEXT_STEP, Phase
 from .tuning import Tuning, _pow2, slab, split_slab
 
@@ -253,9 +253,21 @@ class LaunchPlanner:
             ctx_const[Phase.ATTN_F] = dict(BLOCK_Q=_pow2(cfg.num_attention_heads // nkv_heads, 16))
         # wide launches fold the unsplit o_proj and down too: they serve only the context step's
         # one row per sequence there, on a tile of BMP_B rows (as narrow launches do)
-        folds = [(fold(bns_fc, bk_fc), bns_fc, bk_fc, bmp)]
-        folds += [(fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk), bns, bk, bmb)
-                  for bns, bk in ((bns_o, bk_o), (bns_d, bk_d))]
+        def ways(fmt: int, bns: int, bk: int, bm_: int, folded: int) -> int:
+            """A swapped stream's k-split (``Tuning.swap_split``: the kernel splits, rather than
+            folds, every swapped stream of a 16-row tile whose ways exceed 1), else its fold."""
+            if not fmt & SWAP_DOT or bm_ != 16 or folded == 1:
+                return folded
+            s = tn.swap_split
+            while s > 1 and (bk % s or bk // s < 16 or s * bm_ * bns > tn.acc_elems):
+                s //= 2
+            return s
+
+        fm = self.formats
+        folds = [(ways(fm.fc, bns_fc, bk_fc, bmp, fold(bns_fc, bk_fc)), bns_fc, bk_fc, bmp)]
+        for f, bns, bk in ((fm.o, bns_o, bk_o), (fm.d, bns_d, bk_d)):
+            folded = fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk)
+            folds.append((ways(f, bns, bk, bmb, folded), bns, bk, bmb))
         st_fold = (tn.fold_stages or st_lin) if (bmb if wide else bmp) >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + t) * bk * el > tn.smem_bytes for f, bns, bk, t in folds):
             st_fold = st_lin

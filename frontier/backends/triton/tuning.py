@@ -54,6 +54,10 @@ class Tuning:
     fused_block_n: int = 64  # context keys per block of the fused attention
     grid: Optional[int] = None  # programs (None: one per SM on a GPU, 2 under the interpreter)
     lin_fold: int = 4  # fold the unsplit fc / o_proj / down k-chunks up to this many ways (1: off)
+    # swapped fp8 fc / o_proj / down streams of a 16-row tile split each k-chunk up to this many ways,
+    # one k-slice per warp, where the compute dtype's fold (8B fp8 at batch 1 on an H200: 1.385 ms at
+    # 8, 1.425 at 4, 1.410 folded; 1B 0.841 / 0.856 / 0.882)
+    swap_split: int = 8
     fold_stages: Optional[int] = 4  # pipeline depth of folded streams with 64+ activation rows
     lm_stat_rows: int = 32  # activation rows per tile of the wide lm_head's statistics
     merge_chunk: int = 32768  # logits per chunk of MERGE's per-row ranking in wide launches

@@ -16,10 +16,11 @@ operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on mma.sync with
 from shared memory by ldmatrix, 16 bytes at a time, rather than on wgmma with the converted weights
 as its register operand, which it gathers two bytes at a time (the 8B gate/up at batch 1 on an
 H200: 35 us swapped at 32 KB stages, 52 us unswapped at its best, 16 KB; bf16 57 us;
-docs/results/fp8_stream_h200.json). Folded streams (FOLD > 1: fc, o_proj and down at batch 1)
-stay unswapped: their slabs are 16 to 32 rows, and every warp of a swapped dot would read the
-activation chunk from shared memory, up to eight times the weight bytes (the 8B down: 35.0 us
-swapped, 31.1 us folded).
+docs/results/fp8_stream_h200.json). The streams whose k-chunks fold in the compute dtype (FOLD > 1:
+fc, o_proj and down at batch 1) have slabs of 16 to 32 rows, and every warp of one swapped dot
+would read the whole activation chunk from shared memory (the 8B down: 35.0 us swapped, 31.1 us
+folded): swapped, they split each k-chunk FOLD ways instead (``_stream_split``), one k-slice per
+warp.
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -188,6 +189,39 @@ def _stream_folded(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
 
 
 @triton.jit
+def _stream_split(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
+                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, S: tl.constexpr,
+                  s_ptr=0, W8: tl.constexpr = 0):
+    """``_stream_folded``'s result for a swapped stream (``_w_dot``; 16-bit dtypes, a 16-row tile):
+    every k-chunk split S ways into a batched dot ``[S, BM, BK/S] @ [S, BK/S, BNS]``, so that each
+    warp takes its own k-slice of both operands - a swapped dot of BNS = 16 to 32 weight rows would
+    otherwise have every warp read the whole activation chunk. The S fp32 partial sums are added
+    after the k-loop. W8 / s_ptr: the weight format and row scales (module docstring)."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    KS: tl.constexpr = BK // S
+    rj = tl.arange(0, BNS)
+    rows = row0 + rj
+    wmask = rj < nrows
+    rm = m0 + tl.arange(0, BM)
+    ks = tl.arange(0, S)[:, None] * KS + tl.arange(0, KS)[None, :]  # [S, KS]: slice s holds columns s*KS..
+    sc = _row_scale(s_ptr, rows, wmask, W8)
+    acc = tl.zeros([S, BM, BNS], dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
+        kk = k0 + ks
+        w = tl.load(w_ptr + rows[None, :, None] * Kd + kk[:, None, :],
+                    mask=wmask[None, :, None] & (kk[:, None, :] < k_hi), other=0.0, eviction_policy=W_EVICT)
+        if W8 % 4 == 2:  # (the exact conversion, then the row's scale, rounded as the reference rounds)
+            w = (_w_operand(w, sc, DT, W8 - 1).to(tl.float32) * sc[None, :, None]).to(DT)
+        else:
+            w = _w_operand(w, sc, DT, W8)
+        x = tl.load(x_ptr + rm[None, :, None] * x_stride + kk[:, None, :],
+                    mask=(rm[None, :, None] < M) & (kk[:, None, :] < k_hi), other=0.0, cache_modifier=".cg")
+        acc = tl.dot(x, tl.permute(w, (0, 2, 1)), acc)
+    acc = tl.trans(tl.sum(acc, axis=0))
+    return _acc_scaled(acc, _row_scale(s_ptr, rows, wmask, W8 if W8 % 4 == 1 else 0), W8)
+
+
+@triton.jit
 def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
                  BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
                  BM2: tl.constexpr, ST: tl.constexpr, sc=0, W8: tl.constexpr = 0):
@@ -308,17 +342,21 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
     4: QKV (the row space is [Wq; Wk; Wv], N + 2*N2 rows; Y's columns likewise);
     7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
     activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
-    FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), pipelined
-    STF stages (0: ST). W8 / s_ptr: the weight format and row scales (QKV: of the [q; k; v]
+    FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), or split that
+    many ways where the dot is swapped (``_stream_split``), pipelined STF stages (0: ST). W8 / s_ptr: the weight format and row scales (QKV: of the [q; k; v]
     row space)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
             rm = m0 + tl.arange(0, BM)
-            if FOLD > 1:  # (not QKV: one weight matrix; folded streams keep the weights first, unswapped)
+            if FOLD > 1:  # (not QKV: one weight matrix)
                 row0 = pid * RP + s0
-                acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0, KR,
-                                     BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD, s_ptr, W8)
+                if W8 >= 8 and BM == 16:  # swapped: each k-chunk split FOLD ways
+                    acc = _stream_split(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0,
+                                        KR, BNS, BM, BK, STF if STF > 0 else ST, FOLD, s_ptr, W8)
+                else:
+                    acc = _stream_folded(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0,
+                                         KR, BNS, BM, BK, IEEE, STF if STF > 0 else ST, FOLD, s_ptr, W8)
             else:
                 acc, _ = _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm, M, 0, KR, BNS, BM, BK, IEEE, 0, ST,
                                       _row_scale(s_ptr, rr, rmask, W8), W8)
