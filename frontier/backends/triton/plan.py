@@ -253,21 +253,28 @@ class LaunchPlanner:
             ctx_const[Phase.ATTN_F] = dict(BLOCK_Q=_pow2(cfg.num_attention_heads // nkv_heads, 16))
         # wide launches fold the unsplit o_proj and down too: they serve only the context step's
         # one row per sequence there, on a tile of BMP_B rows (as narrow launches do)
-        def ways(fmt: int, bns: int, bk: int, bm_: int, folded: int) -> int:
-            """A swapped stream's k-split (``Tuning.swap_split``: the kernel splits, rather than
-            folds, every swapped stream of a 16-row tile whose ways exceed 1), else its fold."""
+        def ways(fmt: int, bns: int, bk: int, bm_: int, folded: int, n: int, kd: int) -> tuple[int, int]:
+            """(ways, k-chunk) of an unsplit fc / o_proj / down stream: a swapped stream of a
+            16-row tile that would fold splits instead (the kernel splits, rather than folds,
+            every such stream with ways > 1) into up to ``Tuning.swap_split`` k-slices, with
+            k-chunks of up to ``Tuning.split_bk`` columns; any other keeps its fold and chunk."""
             if not fmt & SWAP_DOT or bm_ != 16 or folded == 1:
-                return folded
+                return folded, bk
+            bk = slab(n, kd, g, 1, 1, tn, bm_, acc_elems=acc, wide=wide, stages=st_lin, x_elsize=el,
+                      bk_max=tn.split_bk)[2]
             s = tn.swap_split
             while s > 1 and (bk % s or bk // s < 16 or s * bm_ * bns > tn.acc_elems):
                 s //= 2
-            return s
+            return s, bk
+
+        def fold_b(bns: int, bk: int) -> int:  # (o_proj and down, on the BMP_B tile)
+            return fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk)
 
         fm = self.formats
-        folds = [(ways(fm.fc, bns_fc, bk_fc, bmp, fold(bns_fc, bk_fc)), bns_fc, bk_fc, bmp)]
-        for f, bns, bk in ((fm.o, bns_o, bk_o), (fm.d, bns_d, bk_d)):
-            folded = fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk)
-            folds.append((ways(f, bns, bk, bmb, folded), bns, bk, bmb))
+        f_fc, bk_fc = ways(fm.fc, bns_fc, bk_fc, bmp, fold(bns_fc, bk_fc), h, fc_in)
+        f_o, bk_o = ways(fm.o, bns_o, bk_o, bmb, fold_b(bns_o, bk_o), h, nq)
+        f_d, bk_d = ways(fm.d, bns_d, bk_d, bmb, fold_b(bns_d, bk_d), h, cfg.intermediate_size)
+        folds = [(f_fc, bns_fc, bk_fc, bmp), (f_o, bns_o, bk_o, bmb), (f_d, bns_d, bk_d, bmb)]
         st_fold = (tn.fold_stages or st_lin) if (bmb if wide else bmp) >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + t) * bk * el > tn.smem_bytes for f, bns, bk, t in folds):
             st_fold = st_lin

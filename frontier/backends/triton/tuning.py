@@ -58,6 +58,7 @@ class Tuning:
     # one k-slice per warp, where the compute dtype's fold (8B fp8 at batch 1 on an H200: 1.385 ms at
     # 8, 1.425 at 4, 1.410 folded; 1B 0.841 / 0.856 / 0.882)
     swap_split: int = 8
+    split_bk: int = 1024  # their longest k-chunk (the other streams': 512; the 8B down alone: 22.3 us, 26.1 at 512)
     fold_stages: Optional[int] = 4  # pipeline depth of folded streams with 64+ activation rows
     lm_stat_rows: int = 32  # activation rows per tile of the wide lm_head's statistics
     merge_chunk: int = 32768  # logits per chunk of MERGE's per-row ranking in wide launches
@@ -122,13 +123,14 @@ class Tuning:
 
 def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, bm: int,
          acc_elems: Optional[int] = None, wide: Optional[bool] = None,
-         stages: Optional[int] = None, x_elsize: Optional[int] = None) -> tuple[int, int, int]:
+         stages: Optional[int] = None, x_elsize: Optional[int] = None, bk_max: int = 512) -> tuple[int, int, int]:
     """(rows per program RP, sub-slab rows BNS, k-chunk BK) of a weight-streaming phase whose
     activation tile is ``bm`` rows wide (BM + BM2). The k-chunk holds about ``stage_bytes`` of
     weights per stage (``fp8_stage_bytes`` for 1-byte weights in narrow launches), and the weight + activation tiles of all ``stages`` (default
     ``num_stages``) stages fit in ``smem_bytes``. ``wide`` (default: ``bm >= wide_bm``) picks
     the slab alignment. ``elsize``: bytes per weight element; ``x_elsize``: per activation
-    element (default the same; fp8 weights stream 1 byte beside 2- or 4-byte activations)."""
+    element (default the same; fp8 weights stream 1 byte beside 2- or 4-byte activations);
+    ``bk_max``: the longest k-chunk."""
     per = -(-n_rows // grid)
     if wide is None:
         wide = bm >= tn.wide_bm
@@ -141,7 +143,7 @@ def slab(n_rows: int, kd: int, grid: int, elsize: int, n_mats: int, tn: Tuning, 
     stage = tn.fp8_stage_bytes if elsize == 1 and not wide else tn.stage_bytes  # (1-byte weights: fp8)
     bk = min(stage // (bns * elsize * n_mats),
              tn.smem_bytes // ((stages or tn.num_stages) * (bns * n_mats * elsize + bm * x_el)))
-    bk = max(16, min(512, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
+    bk = max(16, min(bk_max, 1 << max(0, bk.bit_length() - 1), _pow2(kd, 16)))
     return rp, bns, bk
 
 
