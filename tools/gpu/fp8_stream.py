@@ -2,8 +2,11 @@
 SM, in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
 scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``) and the integer
 conversion (``BF16_BITS``) - at a few stage sizes: the gate/up phase (``kernels.stream._ph_gateup``,
-both matrices packed per slab) and the down projection (``_ph_linear`` with the residual, its
-k-chunks folded 4 ways as the launcher folds it at batch 1, or swapped and unfolded).
+both matrices packed per slab) and the down projection (``_ph_linear`` with the residual: bf16
+and unswapped fp8 with the k-chunks folded 4 ways, swapped fp8 unsplit and split
+``Tuning.swap_split`` ways in k-chunks of up to ``Tuning.split_bk`` columns, the launcher's
+batch-1 form). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
+gaps) over copies of its weights that rotate so that no call finds its weights in L2.
 Prints microseconds per call and the bytes streamed per second against the device's copy
 bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
 of the dequantized weights (identical, or off in the last bits where the dot's sums are ordered
@@ -62,11 +65,13 @@ def _down_kernel(x_ptr, w_ptr, y_ptr, r_ptr, s_ptr, M, N, Kd, RP,
                W8=W8)
 
 
-DOWN = {  # name -> (W8, FOLD)
-    "bf16, folded": (PLAIN, 4),
-    "fp8, folded": (FP8_EXACT + BF16_BITS + SWAP_DOT, 4),  # (a folded stream stays unswapped)
-    "fp8 swapped": (FP8_EXACT + BF16_BITS + SWAP_DOT, 1),
+DOWN = {  # name -> (W8, FOLD, longest k-chunk)
+    "bf16, folded": (PLAIN, 4, 512),
+    "fp8 unswapped, folded": (FP8_EXACT + BF16_BITS, 4, 512),
+    "fp8 swapped, unsplit": (FP8_EXACT + BF16_BITS + SWAP_DOT, 1, 512),
+    "fp8 swapped, split": (FP8_EXACT + BF16_BITS + SWAP_DOT, Tuning().swap_split, Tuning().split_bk),
 }
+L2_CLEAR = 150_000_000  # bytes of weight copies streamed between two reads of the same copy
 
 
 def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
@@ -79,20 +84,31 @@ def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
     return out.view(grid, rp, kp // bk, bk).permute(0, 2, 1, 3).contiguous()
 
 
-def _time_us(fn, reps: int) -> float:
-    for _ in range(5):
+def _time_us(calls: list, reps: int) -> float:
+    """Device microseconds per call: ``reps`` calls cycling through ``calls`` (one per weight
+    copy), captured in one CUDA graph; the best of three replays."""
+    for fn in calls[:2]:
         fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            calls[i % len(calls)]()
+    graph.replay()
     torch.cuda.synchronize()
     best = float("inf")
     for _ in range(3):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        for _ in range(reps):
-            fn()
+        graph.replay()
         e.record()
         e.synchronize()
         best = min(best, s.elapsed_time(e) * 1e3 / reps)
     return best
+
+
+def _copies(nbytes: int) -> int:
+    return max(1, -(-L2_CLEAR // nbytes))
 
 
 def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
@@ -115,17 +131,18 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                 # the launcher's gate/up geometry (plan.py) with this stage size
                 tn = Tuning(stage_bytes=kb * 1024, fp8_stage_bytes=kb * 1024)
                 rp, bns, bk = slab(n, k, grid, mats[0].element_size(), 2, tn, 16, stages=4, x_elsize=2)
-                g, u = (_packed(m, grid, rp, bk) for m in mats)
+                nbytes = 2 * n * k * mats[0].element_size()
+                packs = [[_packed(m, grid, rp, bk) for m in mats] for _ in range(_copies(nbytes))]
                 y = torch.zeros(ROWS, n, device=dev, dtype=torch.bfloat16)
 
-                def call():
+                def call(g, u):
                     _gateup_kernel[(grid,)](x, g, u, y, q[0][1], q[1][1], ROWS, n, k, rp, BNS=bns, BK=bk, ST=4, W8=w8,
                                             num_warps=8)
 
-                us = _time_us(call, reps)
+                us = _time_us([lambda g=g, u=u: call(g, u) for g, u in packs], reps)
+                del packs
                 if ref is None:
                     ref = y.clone()
-                nbytes = 2 * n * k * mats[0].element_size()
                 same = (y == ref).float().mean().item()
                 diff = (y.float() - ref.float()).abs().max().item()
                 rows.append(dict(shape=shape, stream="gate/up", weights=name, stage_kb=kb, BK=bk, us=us, bytes=nbytes,
@@ -148,24 +165,26 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
     q, sc = quantize_fp8(w)
     deq = (q.float() * sc[:, None]).to(torch.bfloat16)
     rows, ref = [], None
-    for name, (w8, fold) in DOWN.items():
+    for name, (w8, fold, bk_max) in DOWN.items():
         mat = deq if w8 == PLAIN else q
-        rp, bns, bk = slab(n, k, grid, mat.element_size(), 1, Tuning(), 16, stages=3, x_elsize=2)
+        rp, bns, bk = slab(n, k, grid, mat.element_size(), 1, Tuning(), 16, stages=3, x_elsize=2, bk_max=bk_max)
+        nbytes = n * k * mat.element_size()
+        mats = [mat] + [mat.clone() for _ in range(_copies(nbytes) - 1)]
         y = torch.empty(ROWS, n, device=dev, dtype=torch.bfloat16)
 
-        def call():
-            _down_kernel[(grid,)](x, mat, y, res, sc, ROWS, n, k, rp, BNS=bns, BK=bk, ST=3, FOLD=fold, W8=w8,
+        def call(m):
+            _down_kernel[(grid,)](x, m, y, res, sc, ROWS, n, k, rp, BNS=bns, BK=bk, ST=3, FOLD=fold, W8=w8,
                                   num_warps=8)
 
-        us = _time_us(call, reps)
+        us = _time_us([lambda m=m: call(m) for m in mats], reps)
+        del mats
         if ref is None:
             ref = y.clone()
-        nbytes = n * k * mat.element_size()
         same = (y == ref).float().mean().item()
         rows.append(dict(shape=shape, stream="down", weights=name, stage_kb=None, BK=bk, us=us, bytes=nbytes,
                          pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
                          max_diff=(y.float() - ref.float()).abs().max().item()))
-        print(f"{shape} down {name:29s} (BK {bk:3d}): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
+        print(f"{shape} down {name:29s} (BK {bk:4d}): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
               f"bandwidth; vs bf16: {100 * same:.2f}% identical", flush=True)
     return rows
 
