@@ -15,12 +15,12 @@ in registers, ``(w * scale)`` rounded to the compute dtype, as the reference deq
 operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on mma.sync with the weights read
 from shared memory by ldmatrix, 16 bytes at a time, rather than on wgmma with the converted weights
 as its register operand, which it gathers two bytes at a time (the 8B gate/up at batch 1 on an
-H200: 35 us swapped at 32 KB stages, 52 us unswapped at its best, 16 KB; bf16 57 us;
+H200: 34 us swapped at 32 KB stages, 50 us unswapped at its best, 16 KB; bf16 56 us;
 docs/results/fp8_stream_h200.json). The streams whose k-chunks fold in the compute dtype (FOLD > 1:
 fc, o_proj and down at batch 1) have slabs of 16 to 32 rows, and every warp of one swapped dot
-would read the whole activation chunk from shared memory (the 8B down: 35.0 us swapped, 31.1 us
+would read the whole activation chunk from shared memory (the 8B down: 33.1 us swapped, 29.4 us
 folded): swapped, they split each k-chunk FOLD ways instead (``_stream_split``), one k-slice per
-warp.
+warp (23.7 us).
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -40,7 +40,7 @@ def _e4m3_bf16(w):
     shift by 4 and one mask leave sign, exponent and mantissa at bf16's places - the value times
     2^-120, subnormals included - and one bf16x2 multiply by 2^120 restores it: four ALU ops per
     pair in place of Triton's conversion sequence (the 8B gate/up at batch 1 on an H200, swapped:
-    35 us against 55 us; docs/results/fp8_stream_h200.json). (The two NaN bytes become +-480;
+    34 us against 53 us; docs/results/fp8_stream_h200.json). (The two NaN bytes become +-480;
     quantizing finite weights never produces them.)"""
     return tl.inline_asm_elementwise(
         asm="""{
