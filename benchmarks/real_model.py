@@ -93,8 +93,10 @@ def parse_weights(text: str) -> list[str]:
 
 
 def head_weights(head: Any, names: Sequence[str]) -> dict[str, Any]:
-    """Weights format -> DraftWeights: ``plain`` the loaded head, ``fp8`` its quantized copy."""
-    return {n: head.weights.quantized() if n == "fp8" else head.weights for n in names}
+    """Weights format -> DraftWeights: ``plain`` the head in its activation dtype (dequantized
+    when it was saved in fp8), ``fp8`` the head in fp8 (quantized when it was not)."""
+    w = head.weights
+    return {n: (w if w.is_fp8 else w.quantized()) if n == "fp8" else w.dequantized() for n in names}
 
 
 def parse_backend(text: str) -> tuple[str, dict, Optional[bool]]:

@@ -165,6 +165,10 @@ def test_real_model_accept_rows_per_weights_with_tree_comparison(one_thread):
     prompts = [torch.tensor([[3, 17, 42, 9, 100, 7]])]
     fp8 = rm.head_weights(head, ["plain", "fp8"])
     assert fp8["plain"] is w and fp8["fp8"].is_fp8
+    # a head saved in fp8: plain is its dequantized form, fp8 the head as loaded
+    saved = rm.head_weights(SimpleNamespace(weights=fp8["fp8"]), ["plain", "fp8"])
+    assert saved["fp8"] is fp8["fp8"] and not saved["plain"].is_fp8
+    assert torch.equal(saved["plain"].layers[0].q_proj, fp8["fp8"].dequantized().layers[0].q_proj)
     same = rm.accepted_lengths(target, head, prompts, (16, 4, 4), "torch_ref", 10, compare=("plain", w))
     assert same["weights"] == "plain"
     assert same["trees_vs_plain"]["calls"] == same["verify_steps"] > 0
