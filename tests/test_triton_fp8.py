@@ -26,11 +26,11 @@ from frontier import Drafter, InputError, frontier_generate
 from frontier.backends.triton.fp8 import (
     BF16_BITS, FP8_DEQUANT, FP8_EXACT, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
 )
-from frontier.backends.triton.kernels.stream import _e4m3_bf16
+from frontier.backends.triton.kernels.stream import _e4m3_bf16, _stream_split
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
 from frontier.random_head import random_config, random_inputs, random_weights
-from frontier.weights import FP8
+from frontier.weights import FP8, quantize_fp8
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
@@ -107,7 +107,9 @@ BITS = [
 def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, launch, batch):
     cfg, q = _head(arch, dtype, pow2, seed=len(arch) + batch)
     tuning = LAUNCHES[launch]
-    if dtype.itemsize == 2:  # unfolded: the fp8 streams' k-split and the plain ones' fold both off
+    tiles = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
+    if dtype.itemsize == 2 and 16 in (tiles["BMP"], tiles["BMP_B"]):
+        # 16-row tiles: the fp8 streams would split the k-chunks the plain ones fold; both off
         tuning = dataclasses.replace(tuning, lin_fold=1)
     form = stream_formats(q, dtype)
     swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot at 16-row tiles)
@@ -120,23 +122,54 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
                       _draft_sequence(cfg, q.dequantized(), 11, tuning, batch=batch))
 
 
-@pytest.mark.parametrize("arch,launch,batch", [("eagle3", "narrow", 1), ("eagle2", "narrow", 1),
-                                               pytest.param("eagle3", "wide", 2, marks=_slow)])
-def test_fp16_fp8_split_streams_agree_with_the_folded_launch(arch, launch, batch):
+@triton.jit
+def _split_kernel(w_ptr, x_ptr, s_ptr, y_ptr, Kd, N, M, RP, K_LO, K_HI,
+                  BNS: tl.constexpr, BK: tl.constexpr, S: tl.constexpr, W8: tl.constexpr):
+    """Program p: rows [p * RP, p * RP + RP) of W[:, K_LO:K_HI] @ X[:, K_LO:K_HI]^T (``_stream_split``)."""
+    row0 = tl.program_id(0) * RP
+    nrows = tl.minimum(RP, N - row0)
+    acc = _stream_split(w_ptr, Kd, row0, nrows, x_ptr, Kd, 0, M, K_LO, K_HI, BNS, 16, BK, 2, S, s_ptr, W8)
+    rj = tl.arange(0, BNS)
+    rm = tl.arange(0, 16)
+    tl.store(y_ptr + rm[None, :] * N + (row0 + rj)[:, None], acc, mask=(rj[:, None] < nrows) & (rm[None, :] < M))
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+def test_split_stream_is_the_dot_of_the_dequantized_weights(pow2):
+    """``_stream_split`` alone: slabs of 20 rows on 32-row tiles (the last one 16 rows), 10 of
+    16 activation rows, a k-range [24, 290) of 300 columns (k-chunks of 128, the last one cut),
+    8 k-slices of 16 columns: the fp32 product of the activations and the dequantized weights
+    (the sums in another order: to fp32 rounding)."""
+    g = torch.Generator().manual_seed(3)
+    n, kd, m, rp, k_lo, k_hi = 56, 300, 10, 20, 24, 290
+    q, sc = quantize_fp8((torch.randn(n, kd, generator=g) * 0.05).to(DEVICE), power_of_two=pow2)
+    deq = (q.float() * sc[:, None]).half()
+    x = torch.randn(m, kd, generator=g).half().to(DEVICE)
+    y = torch.zeros(m, n, dtype=torch.float32, device=DEVICE)
+    w8 = (FP8_EXACT if pow2 else FP8_DEQUANT) + SWAP_DOT
+    _split_kernel[(-(-n // rp),)](q, x, sc, y, kd, n, m, rp, k_lo, k_hi, BNS=32, BK=128, S=8, W8=w8)
+    ref = x[:, k_lo:k_hi].float() @ deq[:, k_lo:k_hi].float().T
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch,pow2,launch,batch", [("eagle3", True, "narrow", 1), ("eagle2", False, "narrow", 1),
+                                                    pytest.param("eagle3", False, "narrow", 1, marks=_slow),
+                                                    pytest.param("eagle3", True, "wide", 2, marks=_slow)])
+def test_fp16_fp8_split_streams_agree_with_the_folded_launch(arch, pow2, launch, batch):
     """fp16 (a 16-bit dtype with the interpreter's dot): the fp8 fc / o_proj / down streams of a
     16-row tile (batch 1; the context step's o_proj and down in wide launches) split each k-chunk
-    ``Tuning.swap_split`` ways (``_stream_split``), where the plain streams fold it. The same sums
-    in another order: the trees equal the dequantized head's folded launch, scores and new cache
-    rows agree to fp16 rounding."""
-    cfg, q = _head(arch, torch.float16, True, seed=7)
+    up to ``Tuning.swap_split`` ways (``_stream_split``), where the plain streams fold it. The same
+    sums in another order: the trees equal the dequantized head's folded launch, scores and new
+    cache rows agree to fp16 rounding."""
+    cfg, q = _head(arch, torch.float16, pow2, seed=7)
     tuning = LAUNCHES[launch]
     plain = Launcher(cfg, torch.float16, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, torch.float16, torch.device(DEVICE), tuning, stream_formats(q, torch.float16)).plan(batch).const
+    assert fp8["W8_D"] & SWAP_DOT and fp8["BMP_B"] == 16 and plain["FOLD_D"] > 1 and fp8["FOLD_D"] > 1
     tile = {"FOLD_FC": fp8["BMP"], "FOLD_O": fp8["BMP_B"], "FOLD_D": fp8["BMP_B"]}
-    assert plain["FOLD_D"] > 1 and fp8["FOLD_D"] > 1 and fp8["BMP_B"] == 16  # (down: folded, and split)
     for k, bm in tile.items():
         bk = fp8["BK" + k[4:]]
-        assert fp8[k] == 1 or (bm == 16 and bk // fp8[k] >= 16 and fp8[k] <= Tuning().swap_split)
+        assert fp8[k] == 1 or (bm == 16 and bk // fp8[k] >= 16 and fp8[k] <= tuning.swap_split)
     a = _draft_sequence(cfg, q, 21, tuning, batch=batch)
     b = _draft_sequence(cfg, q.dequantized(), 21, tuning, batch=batch)
     for a_frs, b_frs in zip(a, b):

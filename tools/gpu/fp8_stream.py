@@ -71,7 +71,9 @@ DOWN = {  # name -> (W8, FOLD, longest k-chunk)
     "fp8 swapped, unsplit": (FP8_EXACT + BF16_BITS + SWAP_DOT, 1, 512),
     "fp8 swapped, split": (FP8_EXACT + BF16_BITS + SWAP_DOT, Tuning().swap_split, Tuning().split_bk),
 }
-L2_CLEAR = 150_000_000  # bytes of weight copies streamed between two reads of the same copy
+# bytes of all the copies of a stream's weights: the others' (at least 75 MB, more than L2) stream
+# between two reads of one copy
+L2_CLEAR = 150_000_000
 
 
 def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:

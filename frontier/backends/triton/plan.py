@@ -213,6 +213,23 @@ class LaunchPlanner:
                 f //= 2
             return max(f, 1)
 
+        def ways(fmt: int, bns: int, bk: int, bm_: int, folded: int, kd: int, acc_: int = acc, wide_: bool = wide,
+                 stages: int = st_lin) -> tuple[int, int]:
+            """(ways, k-chunk) of an unsplit fc / o_proj / down stream (h rows; its slab sized with
+            ``acc_`` / ``wide_`` / ``stages``) that would fold ``folded`` ways: a swapped stream
+            of a 16-row tile splits instead (the kernel splits every such stream with ways > 1),
+            into ``Tuning.swap_split`` k-slices (the warps' count: one each) while the slices keep
+            16 columns and the accumulator stays within a narrow fold's bound, in k-chunks of up
+            to ``Tuning.split_bk`` columns; any other stream keeps its fold and k-chunk."""
+            if not fmt & SWAP_DOT or bm_ != 16 or folded == 1:
+                return folded, bk
+            bk = slab(h, kd, g, 1, 1, tn, bm_, acc_elems=acc_, wide=wide_, stages=stages, x_elsize=el,
+                      bk_max=tn.split_bk)[2]
+            s = tn.swap_split
+            while s > 1 and (bk % s or bk // s < 16 or s * bm_ * bns > 4 * tn.acc_elems):
+                s //= 2
+            return s, bk
+
         qh = self.qkv_ahead(nb, slab_qh)
         pack = tn.pack_weights and not wide and bm + bm2 <= tn.BM
         sel = not wide and qh  # MERGE runs SELECT where it streams the QKV hidden half beside it
@@ -231,6 +248,7 @@ class LaunchPlanner:
                 _, bns_fcc, bk_fcc = slab(h, fc_in, g, w_fc, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
                                           stages=st_fc_c, x_elsize=el)
                 fold_c = fold(bns_fcc, bk_fcc, bmc, tn.acc_elems, False)
+            fold_c, bk_fcc = ways(self.formats.fc, bns_fcc, bk_fcc, bmc, fold_c, fc_in, tn.acc_elems, True, st_fc_c)
             _, bns_qkvc, bk_qkvc = slab(nq + 2 * nkv, attn_in, g, w_qkv, 1, tn, bmc, acc_elems=tn.acc_elems, wide=True,
                                         stages=st_lin, x_elsize=el)
         bnp_lm = _pow2(rp_lm, 16)  # the lm_head slab's rows, padded (the 32-bit keys index them in 16 bits)
@@ -253,27 +271,13 @@ class LaunchPlanner:
             ctx_const[Phase.ATTN_F] = dict(BLOCK_Q=_pow2(cfg.num_attention_heads // nkv_heads, 16))
         # wide launches fold the unsplit o_proj and down too: they serve only the context step's
         # one row per sequence there, on a tile of BMP_B rows (as narrow launches do)
-        def ways(fmt: int, bns: int, bk: int, bm_: int, folded: int, n: int, kd: int) -> tuple[int, int]:
-            """(ways, k-chunk) of an unsplit fc / o_proj / down stream: a swapped stream of a
-            16-row tile that would fold splits instead (the kernel splits, rather than folds,
-            every such stream with ways > 1) into up to ``Tuning.swap_split`` k-slices, with
-            k-chunks of up to ``Tuning.split_bk`` columns; any other keeps its fold and chunk."""
-            if not fmt & SWAP_DOT or bm_ != 16 or folded == 1:
-                return folded, bk
-            bk = slab(n, kd, g, 1, 1, tn, bm_, acc_elems=acc, wide=wide, stages=st_lin, x_elsize=el,
-                      bk_max=tn.split_bk)[2]
-            s = tn.swap_split
-            while s > 1 and (bk % s or bk // s < 16 or s * bm_ * bns > tn.acc_elems):
-                s //= 2
-            return s, bk
-
         def fold_b(bns: int, bk: int) -> int:  # (o_proj and down, on the BMP_B tile)
             return fold(bns, bk, bmb, tn.acc_elems, False) if wide else fold(bns, bk)
 
         fm = self.formats
-        f_fc, bk_fc = ways(fm.fc, bns_fc, bk_fc, bmp, fold(bns_fc, bk_fc), h, fc_in)
-        f_o, bk_o = ways(fm.o, bns_o, bk_o, bmb, fold_b(bns_o, bk_o), h, nq)
-        f_d, bk_d = ways(fm.d, bns_d, bk_d, bmb, fold_b(bns_d, bk_d), h, cfg.intermediate_size)
+        f_fc, bk_fc = ways(fm.fc, bns_fc, bk_fc, bmp, fold(bns_fc, bk_fc), fc_in)
+        f_o, bk_o = ways(fm.o, bns_o, bk_o, bmb, fold_b(bns_o, bk_o), nq)
+        f_d, bk_d = ways(fm.d, bns_d, bk_d, bmb, fold_b(bns_d, bk_d), cfg.intermediate_size)
         folds = [(f_fc, bns_fc, bk_fc, bmp), (f_o, bns_o, bk_o, bmb), (f_d, bns_d, bk_d, bmb)]
         st_fold = (tn.fold_stages or st_lin) if (bmb if wide else bmp) >= 64 else st_lin
         if any(f > 1 and st_fold * (bns + t) * bk * el > tn.smem_bytes for f, bns, bk, t in folds):

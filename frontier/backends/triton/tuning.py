@@ -53,12 +53,12 @@ class Tuning:
     fused_attention: bool = True  # big batches: one attention phase per (sequence, KV head)
     fused_block_n: int = 64  # context keys per block of the fused attention
     grid: Optional[int] = None  # programs (None: one per SM on a GPU, 2 under the interpreter)
-    lin_fold: int = 4  # fold the unsplit fc / o_proj / down k-chunks up to this many ways (1: off)
-    # swapped fp8 fc / o_proj / down streams of a 16-row tile split each k-chunk up to this many ways,
-    # one k-slice per warp, where the compute dtype's fold (8B fp8 at batch 1 on an H200: 1.385 ms at
-    # 8, 1.425 at 4, 1.410 folded; 1B 0.841 / 0.856 / 0.882)
+    lin_fold: int = 4  # fold the unsplit fc / o_proj / down k-chunks up to this many ways (1: off, and no split)
+    # swapped fp8 fc / o_proj / down streams of a 16-row tile split each k-chunk this many ways, one
+    # k-slice per warp, where bf16 streams fold (1: swapped and unsplit). 8B fp8 at batch 1 on an H200,
+    # 512-column chunks: 1.385 ms split 8 ways, 1.425 at 4, 1.410 folded; 1B 0.841 / 0.856 / 0.882
     swap_split: int = 8
-    split_bk: int = 1024  # their longest k-chunk (the other streams': 512; the 8B down alone: 22.3 us, 26.1 at 512)
+    split_bk: int = 1024  # the split streams' longest k-chunk (others: 512): 8B fp8 1.369 ms against 1.393 at 512
     fold_stages: Optional[int] = 4  # pipeline depth of folded streams with 64+ activation rows
     lm_stat_rows: int = 32  # activation rows per tile of the wide lm_head's statistics
     merge_chunk: int = 32768  # logits per chunk of MERGE's per-row ranking in wide launches
@@ -75,7 +75,8 @@ class Tuning:
     pack_weights: bool = True
 
     # tile sizes that become tl.arange / tl.dot extents
-    _POW2 = ("BM", "bm_max", "wide_bm", "BLOCK_NA", "fused_block_n", "lm_stat_rows", "merge_chunk", "merge_group")
+    _POW2 = ("BM", "bm_max", "wide_bm", "BLOCK_NA", "fused_block_n", "lm_stat_rows", "merge_chunk", "merge_group",
+             "swap_split", "split_bk")
 
     def __post_init__(self):
         for f in fields(self):

@@ -106,10 +106,10 @@ def drafter_kernel(
     ST_LIN / ST_GU / ST_LM: software-pipeline stages of the weight streams' k-loops - the linear
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
-    many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small:
-    batch 1 by 4, batch 4 by 2, never in wide launches) - or, in swapped fp8 streams of a 16-row
-    tile, split that many ways (``_stream_split``; ``Tuning.swap_split``, 8 at batch 1) -
-    pipelined ST_FOLD stages (0: ST_LIN).
+    many ways (``_stream_folded``; the launcher folds where the folded accumulator stays small,
+    up to ``Tuning.lin_fold`` ways; in wide launches only the context step's o_proj and down, on
+    their BMP_B tile) - or, in swapped fp8 streams of a 16-row tile, split that many ways
+    (``_stream_split``; up to ``Tuning.swap_split``) - pipelined ST_FOLD stages (0: ST_LIN).
     PHASE >= 0 (step launches, one schedule entry each): the kernel is built for that phase
     alone - the phase switch below is decided at compile time, so the build holds one phase's
     code and gets that phase's own register allocation.

@@ -193,10 +193,12 @@ def _stream_split(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
                   BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, S: tl.constexpr,
                   s_ptr=0, W8: tl.constexpr = 0):
     """``_stream_folded``'s result for a swapped stream (``_w_dot``; 16-bit dtypes, a 16-row tile):
-    every k-chunk split S ways into a batched dot ``[S, BM, BK/S] @ [S, BK/S, BNS]``, so that each
-    warp takes its own k-slice of both operands - a swapped dot of BNS = 16 to 32 weight rows would
-    otherwise have every warp read the whole activation chunk. The S fp32 partial sums are added
-    after the k-loop. W8 / s_ptr: the weight format and row scales (module docstring)."""
+    every k-chunk split S ways into a batched dot ``[S, BM, BK/S] @ [S, BK/S, BNS]``, whose batch
+    dimension Triton spreads over the warps, so that with S = num_warps each warp takes its own
+    k-slice of both operands - one swapped dot of BNS = 16 to 32 weight rows would have every warp
+    read the whole activation chunk. The S fp32 partial sums are added after the k-loop. W8 /
+    s_ptr: the weight format and row scales (module docstring)."""
+    tl.static_assert(BK % S == 0 and BK // S >= 16, "each k-slice is a whole number of 16-column MMA steps")
     DT: tl.constexpr = x_ptr.dtype.element_ty
     KS: tl.constexpr = BK // S
     rj = tl.arange(0, BNS)
@@ -210,15 +212,11 @@ def _stream_split(w_ptr, Kd, row0, nrows, x_ptr, x_stride, m0, M, k_lo, k_hi,
         kk = k0 + ks
         w = tl.load(w_ptr + rows[None, :, None] * Kd + kk[:, None, :],
                     mask=wmask[None, :, None] & (kk[:, None, :] < k_hi), other=0.0, eviction_policy=W_EVICT)
-        if W8 % 4 == 2:  # (the exact conversion, then the row's scale, rounded as the reference rounds)
-            w = (_w_operand(w, sc, DT, W8 - 1).to(tl.float32) * sc[None, :, None]).to(DT)
-        else:
-            w = _w_operand(w, sc, DT, W8)
+        w = _w_operand(w, sc, DT, W8)  # (sc[:, None] broadcasts over the slices)
         x = tl.load(x_ptr + rm[None, :, None] * x_stride + kk[:, None, :],
                     mask=(rm[None, :, None] < M) & (kk[:, None, :] < k_hi), other=0.0, cache_modifier=".cg")
         acc = tl.dot(x, tl.permute(w, (0, 2, 1)), acc)
-    acc = tl.trans(tl.sum(acc, axis=0))
-    return _acc_scaled(acc, _row_scale(s_ptr, rows, wmask, W8 if W8 % 4 == 1 else 0), W8)
+    return _acc_scaled(tl.trans(tl.sum(acc, axis=0)), sc, W8)
 
 
 @triton.jit
@@ -343,8 +341,8 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
     7: QKV + the fp32 row ``res[src[m]]`` added before rounding, ``src = b_ptr`` (int32 per
     activation row): the other half of a K range that was streamed earlier (``_ph_qkv_hidden``).
     FOLD > 1 (MODE < 4): the k-chunks folded that many ways (``_stream_folded``), or split that
-    many ways where the dot is swapped (``_stream_split``), pipelined STF stages (0: ST). W8 / s_ptr: the weight format and row scales (QKV: of the [q; k; v]
-    row space)."""
+    many ways where the dot is swapped (``_stream_split``), pipelined STF stages (0: ST).
+    W8 / s_ptr: the weight format and row scales (QKV: of the [q; k; v] row space)."""
     for s0 in range(0, RP, BNS):
         rr, rmask, wrow = _slab_rows(pid, RP, s0, N, N2, Kd, w_ptr, w2_ptr, w3_ptr, MODE >= 4, BNS, VEC)
         for m0 in range(0, M, BM):
