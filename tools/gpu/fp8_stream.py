@@ -36,6 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
 from frontier.backends.triton.kernels.stream import _ph_gateup, _ph_linear  # noqa: E402
+from frontier.backends.triton.plan import pack_slabs  # noqa: E402
 from frontier.backends.triton.tuning import Tuning, slab  # noqa: E402
 from frontier.bench import copy_bandwidth  # noqa: E402
 from frontier.weights import quantize_fp8  # noqa: E402
@@ -74,16 +75,6 @@ DOWN = {  # name -> (W8, FOLD, longest k-chunk)
 # bytes of all the copies of a stream's weights: the others' (at least 75 MB, more than L2) stream
 # between two reads of one copy
 L2_CLEAR = 150_000_000
-
-
-def _packed(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
-    """w [N, K] packed per slab as the launcher packs gate/up (``plan.pack_slabs``): program p's
-    RP rows as [ceil(K / BK), RP, BK]."""
-    n, k = w.shape
-    kp = -(-k // bk) * bk
-    out = torch.zeros(grid * rp, kp, dtype=w.dtype, device=w.device)
-    out[:n, :k] = w
-    return out.view(grid, rp, kp // bk, bk).permute(0, 2, 1, 3).contiguous()
 
 
 def _time_us(calls: list, reps: int) -> float:
@@ -134,7 +125,7 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                 tn = Tuning(stage_bytes=kb * 1024, fp8_stage_bytes=kb * 1024)
                 rp, bns, bk = slab(n, k, grid, mats[0].element_size(), 2, tn, 16, stages=4, x_elsize=2)
                 nbytes = 2 * n * k * mats[0].element_size()
-                packs = [[_packed(m, grid, rp, bk) for m in mats] for _ in range(_copies(nbytes))]
+                packs = [[pack_slabs(m, grid, rp, bk) for m in mats] for _ in range(_copies(nbytes))]
                 y = torch.zeros(ROWS, n, device=dev, dtype=torch.bfloat16)
 
                 def call(g, u):
