@@ -11,6 +11,8 @@ import triton.language as tl
 from .layout import _seq_cache
 from .numerics import _div_rn_by, _mma, _recip_rn
 
+SUM_GROUP = tl.constexpr(8)  # attention partials summed per group of loads in flight
+
 
 @triton.jit
 def _ctx_scores(q, ck_ptr, g, c_head_stride, j0, nctx, sqrt_d, HD, DT: tl.constexpr,
@@ -245,7 +247,10 @@ def _ph_attn_fused(pid, nprog, B, R, meta_ptr, qr_ptr, kv_ptr, tk_ptr, tv_ptr, t
 @triton.jit
 def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH, n_anc,
                  BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, SUB_Q: tl.constexpr):
-    """Attention output: the sum over parts of the per-part P@V (fp32), rounded to the dtype."""
+    """Attention output: the sum over parts of the per-part P@V (fp32), in part order, rounded to
+    the dtype. The parts are read SUM_GROUP at a time (a masked part adds +0, which leaves the
+    sum's bits as they are), so that their loads are in flight together rather than one L2
+    round trip per part."""
     DT = ao_ptr.dtype.element_ty
     G = NH // NKV
     parts = NCH + n_anc
@@ -259,9 +264,11 @@ def _ph_attn_sum(pid, nprog, B, R, ao_ptr, pacc_ptr, NH, NKV, HD, NCH, n_anc,
         rq = (t - bg * nsub) * SUB_Q + rs
         r_of = rq // G
         hl = rq - r_of * G
-        acc = tl.zeros([SUB_Q, BLOCK_D], tl.float32)
-        for c in range(parts):
-            acc += tl.load(pacc_ptr + ((bg * parts + c) * BLOCK_Q + rq)[:, None] * BLOCK_D + rd[None, :],
-                           cache_modifier=".cg")
+        acc = tl.zeros([SUB_Q, BLOCK_D], tl.float32)  # (+0: never -0, so adding +0 changes nothing)
+        for c0 in range(0, parts, SUM_GROUP):
+            for u in tl.static_range(SUM_GROUP):
+                c = c0 + u
+                acc += tl.load(pacc_ptr + ((bg * parts + c) * BLOCK_Q + rq)[:, None] * BLOCK_D + rd[None, :],
+                               mask=(rq * 0 + c < parts)[:, None], other=0.0, cache_modifier=".cg")
         qoff = (b * R + r_of) * NH * HD + (g * G + hl) * HD
         tl.store(ao_ptr + qoff[:, None] + rd[None, :], acc.to(DT), mask=(r_of < R)[:, None] & (rd < HD)[None, :])

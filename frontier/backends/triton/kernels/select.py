@@ -176,12 +176,13 @@ def _final_one(C, T, K, D1, W, cand_score_ptr, cand_tok_ptr, row_par_ptr, root_p
     tm = rt < T
     both = tm[:, None] & tm[None, :]
     anc = (rt[:, None] == rt[None, :]) & both
+    pf = tl.load(pf_ptr + rt, mask=tm, other=-1)
+    up = tl.where(tm, pf, 0)  # (every parent position is below T)
     cur = rt
-    for _s in range(D1):  # one parent-pointer step per tree level
-        cur = tl.load(pf_ptr + cur, mask=tm, other=0)
+    for _s in range(D1):  # one parent-pointer step per tree level, in registers
+        cur = tl.gather(up, cur, 0)
         anc = anc | ((rt[None, :] == cur[:, None]) & both)
     posid = tl.sum(anc.to(tl.int32), axis=1) - 1
-    pf = tl.load(pf_ptr + rt, mask=tm, other=-1)
     is_par = tl.max(((pf[None, :] == rt[:, None]) & (rt[None, :] >= 1) & both).to(tl.int32), axis=1)
     lf = tl.where(tm & (is_par == 0), 1, 0)
     rank = tl.cumsum(lf, axis=0) - 1
