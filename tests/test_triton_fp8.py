@@ -50,7 +50,8 @@ LAUNCHES = {  # launch shapes of the GPU, on the interpreter's tiny heads
     "narrow": Tuning(),
     "wide": Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64),
     "unpacked": Tuning(pack_weights=False, lin_fold=1),
-    "ahead": Tuning(grid=12, BM=32),  # EAGLE-3's QKV hidden half streamed during MERGE
+    "ahead": Tuning(grid=12, BM=32, wide_bm=64),  # EAGLE-3's QKV hidden half streamed during MERGE
+    "tile64": Tuning(BM=64, wide_bm=128),  # one 64-row activation tile: the widest whose fp8 dots are swapped
 }
 
 
@@ -96,6 +97,7 @@ BITS = [
     pytest.param("eagle3", torch.float16, False, "ahead", 1, marks=_slow),
     pytest.param("eagle3", torch.float32, True, "ahead", 1, marks=_slow),
     ("eagle3", torch.float16, True, "wide", 2),
+    ("eagle3", torch.float16, True, "tile64", 2),
     pytest.param("eagle3", torch.float32, False, "wide", 2, marks=_slow),
     ("eagle3", torch.float16, False, "unpacked", 1),
     ("eagle2", torch.float32, True, "narrow", 1),

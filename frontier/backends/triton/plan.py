@@ -21,6 +21,7 @@ import torch
 
 from .fp8 import SWAP_DOT, StreamFormats
 from .kernels.layout import CONTEXT_STEP, Phase
+from .kernels.stream import SWAP_ROWS
 from .tuning import Tuning, _pow2, slab, split_slab
 
 
@@ -91,6 +92,7 @@ class LaunchPlanner:
         self.cfg, self.dtype, self.grid, self.tuning = cfg, dtype, grid, tuning
         self.formats = formats or StreamFormats()
         self.kp = _pow2(cfg.top_k, 16)
+        self.swaps = any(f & SWAP_DOT for f in vars(self.formats).values())  # fp8 streams with swapped dots
         self._plans: dict = {}  # LaunchPlan by (batch size, interpreting)
 
     @property
@@ -150,8 +152,9 @@ class LaunchPlanner:
         if rows <= lo:
             return lo, 0
         hi = _pow2(rows - lo, 16)
-        if hi == lo or lo + hi >= bm:  # one power-of-two tile pads no more
-            return min(bm, 2 * lo), 0
+        one = min(bm, 2 * lo)
+        if hi == lo or lo + hi >= bm or (self.swaps and one <= SWAP_ROWS.value):
+            return one, 0  # one power-of-two tile pads no more, or its fp8 dots are swapped (two tiles' are not)
         return lo, hi
 
 

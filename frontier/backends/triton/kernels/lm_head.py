@@ -11,8 +11,8 @@ import triton.language as tl
 from .layout import KEY32_NONE, KEY_NONE, W_EVICT
 from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _rank_rounds, _wide_key
 from .stream import (
-    _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_dot, _w_operand,
-    _x_operand,
+    SWAP_ROWS, _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_dot,
+    _w_operand, _x_operand,
 )
 
 
@@ -67,7 +67,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     (``stream``'s module docstring)."""
     DT = x_ptr.dtype.element_ty
     K16: tl.constexpr = KEY16 and ONE_SUB
-    SWAP: tl.constexpr = W8 >= 8 and BM == 16  # (``stream._w_dot``)
+    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS  # (``stream._w_dot``)
     rbm = tl.arange(0, BM)
     rp = tl.arange(0, BNS)
     rk = tl.arange(0, BK)

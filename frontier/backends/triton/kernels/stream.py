@@ -32,6 +32,8 @@ import triton.language as tl
 from .layout import W_EVICT
 from .numerics import _mma, _silu_rn
 
+SWAP_ROWS = tl.constexpr(64)  # the widest one-tile activation block whose fp8 dots are swapped (``_w_dot``)
+
 
 @triton.jit
 def _e4m3_bf16(w):
@@ -231,7 +233,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
     acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages). W8 / sc: the weight
     format and the rows' scales [BNS] (module docstring)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    SWAP: tl.constexpr = W8 >= 8 and BM == 16 and BM2 == 0
+    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS and BM2 == 0
     rk = tl.arange(0, BK)
     acc = _acc_init(BNS, BM, SWAP)
     if BM2 > 0:
@@ -476,7 +478,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
     both matrices are packed per slab (``_slab_base``). W8 / sg_ptr, su_ptr: both matrices' weight
     format and row scales."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    SWAP: tl.constexpr = W8 >= 8 and BM == 16 and BM2 == 0
+    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS and BM2 == 0
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
