@@ -633,7 +633,7 @@ def test_phases_that_sum_split_k_partials_draft_what_unsplit_launches_draft(arch
     tree_rows = [g for c, g in zip(d.schedule_list, d.step_grid_list)
                  if c // 256 in (Phase.ROPE, Phase.NORM_POST) and c % 256 != CONTEXT_STEP]
     assert tree_rows and all(g == len(seqs) * cfg.top_k for g in tree_rows)
-    d, narrow = _draft_tuned(cfg, w, seqs, Tuning())
+    d, narrow = _draft_tuned(cfg, w, seqs, Tuning(wide_bm=64))  # (32 rows: narrow below 64-row tiles)
     assert not d.plan(len(seqs)).wide
     _assert_same_launch(narrow, wide, score_rtol=2e-5)
 
@@ -713,15 +713,15 @@ def test_folded_linear_streams_match_unfolded_and_torch_ref(arch):
 
 def test_folded_streams_pipeline_depth_follows_the_activation_tile():
     """``Tuning.fold_stages`` pipelines the folded streams deeper (the kernel's ST_FOLD) only
-    where their activation tile has 64 rows or more (batch 9 x top_k 4 = 36 rows here), and only
-    if every folded stream's stages then fit in shared memory; otherwise, and at 16-row tiles,
-    they keep the linear phases' depth."""
+    where their activation tile has 64 rows or more (batch 9 x top_k 4 = 36 rows here, in a
+    narrow launch: ``wide_bm`` above its tile), and only if every folded stream's stages then fit
+    in shared memory; otherwise, and at 16-row tiles, they keep the linear phases' depth."""
     from frontier.backends.triton.launch import Launcher, Tuning
 
     cfg = _fold_config()
     seen = set()
     for smem in (225280, 120000, 90000):
-        tn = Tuning(smem_bytes=smem, grid=2)  # the interpreter's grid (slab heights follow the grid)
+        tn = Tuning(smem_bytes=smem, grid=2, wide_bm=128)  # the interpreter's grid (slab heights follow the grid)
         d = Launcher(cfg, torch.float32, torch.device(DEVICE), tn)
         narrow = d.plan(2).const
         assert narrow["BMP"] == 16 and narrow["FOLD_D"] == 4 and narrow["ST_FOLD"] == narrow["ST_LIN"] == 3
@@ -731,7 +731,8 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
         assert c["ST_FOLD"] == (4 if fits else 3)
         seen.add(c["ST_FOLD"])
     assert seen == {3, 4}  # 90 KB cannot hold four 64-column stages of 32 + 64 fp32 rows
-    assert Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(fold_stages=None, grid=2)).plan(9).const["ST_FOLD"] == 3
+    no_deeper = Tuning(fold_stages=None, grid=2, wide_bm=128)
+    assert Launcher(cfg, torch.float32, torch.device(DEVICE), no_deeper).plan(9).const["ST_FOLD"] == 3
 
 
 @pytest.mark.gpu
@@ -798,7 +799,7 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(BM=8), Tuning(BM=32), Tuning(grid=12, BM=32), Tuning(grid=8, BM=32)):
+    for tn in (Tuning(BM=8), Tuning(BM=32, wide_bm=64), Tuning(grid=12, BM=32, wide_bm=64), Tuning(grid=8, BM=32, wide_bm=64)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.qkv_ahead(2) == (tn.BM == 32)
         outs.append(out)
@@ -816,7 +817,7 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
     from frontier.backends.triton.launch import Launcher
 
-    small = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, acc_elems=512))
+    small = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, wide_bm=64, acc_elems=512))
     rp, bns, _ = small.qkv_ahead_slab(2)  # 2 free programs, 16-row sub-slabs
     assert rp > bns and not small.qkv_ahead(2)  # two sub-slabs per slab: off
     eagle2 = random_config(architecture="eagle2")
@@ -848,8 +849,8 @@ def test_phase_kernels_on_their_own_grids_draft_what_the_small_grid_drafts(arch,
                         num_attention_heads=heads, num_key_value_heads=kv_heads)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=3, lo=3, hi=9)
-    d, new = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, fused_attention=fused))
-    _, small = _draft_tuned(cfg, w, seqs, Tuning(grid=2, BM=32, fused_attention=fused))
+    d, new = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, fused_attention=fused))
+    _, small = _draft_tuned(cfg, w, seqs, Tuning(grid=2, BM=32, wide_bm=64, fused_attention=fused))
     _assert_same_launch(small, new)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
     assert d.plan(3).sel == (arch == "eagle3") == d.plan(3).qh
@@ -919,8 +920,8 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=91, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 92, batch=2, lo=3, hi=9)
-    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=False))
-    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, pdl=True))
+    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, pdl=False))
+    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, pdl=True))
     _assert_same_bits(a, b)
 
 
@@ -941,7 +942,7 @@ def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed)
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32))
+    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32, wide_bm=64))
     off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
     assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
@@ -1083,18 +1084,18 @@ def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits
 
 
 def test_context_rows_of_wide_launches_get_their_own_tile():
-    """At wide launches (the 8B preset at batch 16 and 64) the tree depths split K in o_proj and
-    down, so the unsplit forms run only in the context step, over one row per sequence: their
-    tile is the batch's (16 / 64 rows, not the tree rows' 256) and their k-chunks follow from it
-    (512 / 256 columns, was 128). Narrow launches keep one tile for both."""
+    """At wide launches (the 8B preset at batch 4, 16 and 64) the tree depths split K in o_proj
+    and down, so the unsplit forms run only in the context step, over one row per sequence: their
+    tile is the batch's (16 / 16 / 64 rows, not the tree rows' 64 / 256) and their k-chunks follow
+    from it (512 / 256 columns, was 128). Narrow launches (batch 1) keep one tile for both."""
     from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.bench import BenchCase
 
     cfg = BenchCase(preset="eagle3-llama3.1-8b", depth=7).config()
     d = Launcher(cfg, torch.bfloat16, torch.device("cpu"), Tuning(grid=132))
     got = {nb: tuple(d.plan(nb).const[k] for k in ("BMP", "BMP_B", "BK_O", "BK_D")) for nb in (1, 4, 16, 64)}
-    assert got == {1: (16, 16, 512, 512), 4: (64, 64, 256, 256), 16: (256, 16, 512, 512), 64: (256, 64, 256, 256)}
-    assert d.plan(16).wide and not d.plan(4).wide
+    assert got == {1: (16, 16, 512, 512), 4: (64, 16, 512, 512), 16: (256, 16, 512, 512), 64: (256, 64, 256, 256)}
+    assert d.plan(4).wide and not d.plan(1).wide
 
 
 def test_row_tiles_cover_the_tree_rows_with_less_padding():
@@ -1103,7 +1104,7 @@ def test_row_tiles_cover_the_tree_rows_with_less_padding():
     cfg = random_config(top_k=10)
     d = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=2))
     assert d.row_tiles(1) == (16, 0)  # narrow: one tile
-    assert d.row_tiles(4) == (64, 0)
+    assert d.row_tiles(4) == (32, 16)  # 40 rows in a wide launch (block_rows 64)
     assert d.row_tiles(16) == (128, 32)  # 160 rows, not 256
     assert d.row_tiles(13) == (128, 16)
     assert d.row_tiles(12) == (128, 0)  # 120 rows: one 128-row tile pads least
@@ -1112,6 +1113,15 @@ def test_row_tiles_cover_the_tree_rows_with_less_padding():
     for b in range(1, 40):  # the tiles always hold the rows (or tile them at bm_max)
         bm, bm2 = d.row_tiles(b)
         assert bm + bm2 >= min(b * 10, 256) and bm >= 16 and bm2 in (0, 16, 32, 64, 128)
+    # fp8 streams whose dots are swapped (16-bit dtypes) take one tile where it has at most
+    # SWAP_ROWS rows: two tiles' dots are not swapped
+    from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, SWAP_DOT, StreamFormats
+    from frontier.backends.triton.kernels.stream import SWAP_ROWS
+
+    f8 = Launcher(cfg, torch.bfloat16, torch.device("cpu"), Tuning(grid=2),
+                  StreamFormats(*[FP8_EXACT + BF16_BITS + SWAP_DOT] * 6))
+    assert SWAP_ROWS.value == 64 and f8.row_tiles(4) == (64, 0) and f8.row_tiles(2) == (32, 0)
+    assert f8.row_tiles(8) == (64, 16) and f8.row_tiles(16) == (128, 32)  # one tile would exceed 64 rows
 
 
 def build_schedule_codes(cfg, split):
