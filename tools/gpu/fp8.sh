@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One GPU call for fp8 heads: the fp8 GPU tests and the compile of every launch the bench makes (in parallel processes: the Triton cache on disk is shared), then the
-# bench itself in one process, bf16 and fp8 side by side: 8B and 1B presets at depth 7, batch 1
-# and 16, triton (then torch_ref at batch 1), and the gate/up and down streams alone in each format
-# (tools/gpu/fp8_stream.py); fp8 vs plain trees of random heads. Writes $OUT/fp8_bench*.json,
-# $OUT/fp8_stream.json, $OUT/fp8_quality_gpu.json and $OUT/fp8_tests.txt.
+# bench itself in one process, bf16 and fp8 side by side: the 8B and 1B presets (FP8_PRESETS) at
+# depth 7, batches 1, 2, 4, 8 and 16 (FP8_BATCHES), triton (then torch_ref at batch 1), and the
+# gate/up and down streams alone in each format (tools/gpu/fp8_stream.py); fp8 vs plain trees of
+# random heads. Writes $OUT/fp8_bench*.json, $OUT/fp8_stream.json, $OUT/fp8_quality_gpu.json and
+# $OUT/fp8_tests.txt. FP8_STREAMS=0 leaves out the streams alone.
 # Usage (device tool, carrying .whl): bash tools/gpu/fp8.sh [bench seconds]
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
+BATCHES=${FP8_BATCHES:-1,2,4,8,16}
+PRESETS=${FP8_PRESETS:-eagle3-llama3.1-8b,eagle3-llama3.2-1b}
 OUT=${OUT:-/tmp/frontier-fp8-out}
 mkdir -p "$OUT"
 nvidia-smi -L
@@ -15,9 +18,9 @@ stamp() { echo "[fp8 +$(( $(date +%s) - t0 ))s] $*"; }
 bench() { python3 -c "import sys; from frontier.cli import main; sys.exit(main(sys.argv[1:]))" bench "$@"; }
 
 stamp "compile every bench launch (8 processes) beside the fp8 GPU tests"
-for p in eagle3-llama3.1-8b eagle3-llama3.2-1b; do
+for p in ${PRESETS//,/ }; do
   for w in plain fp8; do
-    for b in 1 16; do
+    for b in ${BATCHES//,/ }; do
       timeout 330 bash -c "$(declare -f bench); bench --preset $p --depth 7 --weights $w --batch $b --backend triton --reps 2" \
         > "$OUT/warm_${p}_${w}_${b}.log" 2>&1 &
     done
@@ -38,13 +41,15 @@ for f in "$OUT"/warm_*.log; do grep -q -i "error\|traceback" "$f" && { echo "== 
 rm -f "$OUT"/warm_*.log
 
 stamp "bench"
-timeout "${1:-240}" bash -c "$(declare -f bench); bench --preset eagle3-llama3.1-8b --preset eagle3-llama3.2-1b --depth 7 \
-  --weights plain,fp8 --batch 1,16 --backend triton --reps 50 --json-out $OUT/fp8_bench.json" 2>&1 | tail -14
+timeout "${1:-240}" bash -c "$(declare -f bench); bench --preset ${PRESETS//,/ --preset } --depth 7 \
+  --weights plain,fp8 --batch $BATCHES --backend triton --reps 50 --json-out $OUT/fp8_bench.json" 2>&1 | tail -30
 stamp "torch_ref beside it (batch 1, uncaptured)"
-timeout 60 bash -c "$(declare -f bench); bench --preset eagle3-llama3.1-8b --preset eagle3-llama3.2-1b --depth 7 \
+timeout 60 bash -c "$(declare -f bench); bench --preset ${PRESETS//,/ --preset } --depth 7 \
   --weights plain,fp8 --batch 1 --backend torch_ref --no-captured --reps 50 --json-out $OUT/fp8_bench_torch_ref.json" 2>&1 | tail -8
-stamp "the gate/up and down streams alone (tools/gpu/fp8_stream.py)"
-timeout 120 python3 tools/gpu/fp8_stream.py --json-out "$OUT/fp8_stream.json" 2>&1 | grep -v Warning
+if [ "${FP8_STREAMS:-1}" = 1 ]; then
+  stamp "the gate/up and down streams alone (tools/gpu/fp8_stream.py)"
+  timeout 150 python3 tools/gpu/fp8_stream.py --json-out "$OUT/fp8_stream.json" 2>&1 | grep -v Warning
+fi
 stamp "done"
 if [ "${FP8_TESTS:-1}" = 1 ]; then
   [ -f "$OUT/fp8_quality.txt" ] && tail -15 "$OUT/fp8_quality.txt"

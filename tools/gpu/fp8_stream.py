@@ -1,11 +1,13 @@
-"""One weight stream alone, at batch 1 (10 activation rows, one 16-row tile), on one program per
+"""One weight stream alone, mostly at batch 1 (10 activation rows, one 16-row tile), on one program per
 SM, in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
 scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``) and the integer
 conversion (``BF16_BITS``) - at a few stage sizes: the gate/up phase (``kernels.stream._ph_gateup``,
 both matrices packed per slab) and the down projection (``_ph_linear`` with the residual: bf16
 and unswapped fp8 with the k-chunks folded 4 ways, swapped fp8 unsplit and split
 ``Tuning.swap_split`` ways in k-chunks of up to ``Tuning.split_bk`` columns, the launcher's
-batch-1 form). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
+batch-1 form); and gate/up for the tree rows of batches 2, 4 and 16 in the launcher's geometry
+of those batches (its row tiles: bf16, fp8, and fp8 swapped where one tile of at most 64 rows
+holds them). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
 gaps) over copies of its weights that rotate so that no call finds its weights in L2.
 Prints microseconds per call and the bytes streamed per second against the device's copy
 bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
@@ -36,12 +38,15 @@ import triton.language as tl  # noqa: E402
 
 from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
 from frontier.backends.triton.kernels.stream import _ph_gateup, _ph_linear  # noqa: E402
-from frontier.backends.triton.plan import pack_slabs  # noqa: E402
+from frontier.backends.triton.fp8 import StreamFormats  # noqa: E402
+from frontier.backends.triton.kernels.stream import SWAP_ROWS  # noqa: E402
+from frontier.backends.triton.plan import LaunchPlanner, pack_slabs  # noqa: E402
 from frontier.backends.triton.tuning import Tuning, slab  # noqa: E402
-from frontier.bench import copy_bandwidth  # noqa: E402
+from frontier.bench import BenchCase, copy_bandwidth  # noqa: E402
 from frontier.weights import quantize_fp8  # noqa: E402
 
 SHAPES = {"8B": (14336, 4096), "1B": (8192, 2048)}  # gate/up [N, K]; down is [K, N]
+PRESET = {"8B": "eagle3-llama3.1-8b", "1B": "eagle3-llama3.2-1b"}
 ROWS = 10  # the tree rows of one sequence at top_k 10
 FORMATS = {  # name -> W8
     "bf16": PLAIN,
@@ -53,9 +58,10 @@ FORMATS = {  # name -> W8
 
 @triton.jit
 def _gateup_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, sg_ptr, su_ptr, M, N, Kd, RP,
-                   BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, W8: tl.constexpr):
-    _ph_gateup(tl.program_id(0), tl.num_programs(0), x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP, BM=16, BNS=BNS,
-               BK=BK, IEEE=False, BM2=0, ST=ST, PACK=True, sg_ptr=sg_ptr, su_ptr=su_ptr, W8=W8)
+                   BNS: tl.constexpr, BK: tl.constexpr, ST: tl.constexpr, W8: tl.constexpr,
+                   BM: tl.constexpr = 16, BM2: tl.constexpr = 0, PACK: tl.constexpr = True):
+    _ph_gateup(tl.program_id(0), tl.num_programs(0), x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP, BM=BM, BNS=BNS,
+               BK=BK, IEEE=False, BM2=BM2, ST=ST, PACK=PACK, sg_ptr=sg_ptr, su_ptr=su_ptr, W8=W8)
 
 
 @triton.jit
@@ -144,6 +150,7 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                       f"{100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: {100 * same:.2f}% identical, "
                       f"max diff {diff:.3g}", flush=True)
         rows += _down(shape, k=n, n=k, grid=grid, bw=bw, reps=reps)
+        rows += _tiles(shape, grid, bw, reps)
     return {"device": torch.cuda.get_device_name(dev), "programs": grid, "copy_bandwidth_Bps": bw, "rows": rows}
 
 
@@ -180,6 +187,56 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
         print(f"{shape} down {name:29s} (BK {bk:4d}): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
               f"bandwidth; vs bf16: {100 * same:.2f}% identical", flush=True)
     return rows
+
+
+TILE_BATCHES = (2, 4, 16)
+TILE_FORMATS = {"bf16": PLAIN, "fp8": FP8_EXACT + BF16_BITS, "fp8 swapped": FP8_EXACT + BF16_BITS + SWAP_DOT}
+
+
+def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
+    """gate/up for the tree rows of batches 2, 4 and 16 in the launcher's geometry for each format
+    (``LaunchPlanner.plan``: its row tiles, slab, k-chunk and stages); the swapped form only where
+    that launch's one tile has at most ``SWAP_ROWS`` rows (with two tiles the dots are not swapped)."""
+    dev = torch.device("cuda")
+    cfg = BenchCase(preset=PRESET[shape], depth=7).config()
+    n, k = SHAPES[shape]
+    gen = torch.Generator(device=dev).manual_seed(2)
+    w = [(torch.randn(n, k, device=dev, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
+    q = [quantize_fp8(m) for m in w]
+    deq = [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
+    out = []
+    for b in TILE_BATCHES:
+        rows = b * cfg.top_k
+        x = torch.randn(rows, k, device=dev, generator=gen).to(torch.bfloat16)
+        ref = None
+        for name, w8 in TILE_FORMATS.items():
+            plan = LaunchPlanner(cfg, torch.bfloat16, grid, Tuning(), StreamFormats(gu=w8)).plan(b)
+            c = plan.const
+            if w8 & SWAP_DOT and (c["BM2"] or c["BM"] > SWAP_ROWS.value):
+                continue
+            mats = deq if w8 == PLAIN else [a for a, _ in q]
+            nbytes = 2 * n * k * mats[0].element_size()
+            copies = [mats] + [[m.clone() for m in mats] for _ in range(_copies(nbytes) - 1)]
+            y = torch.zeros(rows, n, device=dev, dtype=torch.bfloat16)
+
+            def call(g, u, c=c, rp=plan.slabs["RP_GU"], w8=w8):
+                _gateup_kernel[(grid,)](x, g, u, y, q[0][1], q[1][1], rows, n, k, rp, BNS=c["BNS_GU"], BK=c["BK_GU"],
+                                        ST=c["ST_GU"], W8=w8, BM=c["BM"], BM2=c["BM2"], PACK=False,
+                                        num_warps=c["num_warps"])
+
+            us = _time_us([lambda g=g, u=u: call(g, u) for g, u in copies], reps)
+            del copies
+            if ref is None:
+                ref = y.clone()
+            same = (y == ref).float().mean().item()
+            tiles = f"{c['BM']}+{c['BM2']}" if c["BM2"] else str(c["BM"])
+            out.append(dict(shape=shape, stream="gate/up", batch=b, rows=rows, tiles=tiles, weights=name, BK=c["BK_GU"],
+                            us=us, bytes=nbytes, pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
+                            max_diff=(y.float() - ref.float()).abs().max().item()))
+            print(f"{shape} gate/up batch {b:2d} ({rows} rows, tiles {tiles:6s}) {name:12s} (BK {c['BK_GU']:3d}): "
+                  f"{us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: "
+                  f"{100 * same:.2f}% identical", flush=True)
+    return out
 
 
 def main(argv=None) -> int:
