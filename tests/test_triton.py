@@ -740,15 +740,15 @@ def test_folded_streams_pipeline_depth_follows_the_activation_tile():
 @pytest.mark.parametrize("seed", [81, 91])
 def test_gpu_deeper_folded_pipeline_drafts_alike(seed):
     """On the GPU the pipeline depth changes when each k-chunk arrives, not what is summed:
-    four stages of the folded streams (batch 9, 64-row tiles, folds of 2) draft the same trees,
-    scores and cache rows as three, and each sequence as torch_ref drafts it alone."""
+    four stages of the folded streams (batch 9, a narrow launch's 64-row tiles, folds of 2) draft
+    the same trees, scores and cache rows as three, and each sequence as torch_ref drafts it alone."""
     from frontier.backends.triton.launch import Tuning
 
     cfg = _fold_config()
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device="cuda")
     seqs, g = _ragged(cfg, seed + 1, batch=9, lo=3, hi=9)
-    d3, a = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=3), mode="persistent")
-    d4, b = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=4), mode="persistent")
+    d3, a = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=3, wide_bm=128), mode="persistent")
+    d4, b = _draft_tuned(cfg, w, seqs, Tuning(fold_stages=4, wide_bm=128), mode="persistent")
     assert (d3.plan(9).const["ST_FOLD"], d4.plan(9).const["ST_FOLD"]) == (3, 4)
     _assert_same_bits(a, b)  # the same sums
     _batch_vs_single(cfg, w, seqs, g, "cuda", calls=2)
