@@ -18,9 +18,10 @@ e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 In bf16 on a GPU either form adds ``BF16_BITS``: the e4m3 -> bf16 conversion is done with integer
 ops and one exact bf16 multiply (``kernels.stream._e4m3_bf16``) instead of conversion
 instructions. In a 16-bit compute dtype either form adds ``SWAP_DOT``: wherever a stream's activation
-tile is 16 rows with no second tile (every stream at batch 1), its dot takes the activations as
-its first operand (``kernels.stream._w_dot``), which keeps Triton from gathering the converted
-weights two bytes at a time; the streams that fold their k-chunks in the compute dtype (fc,
+rows are one tile of at most 64 rows (``kernels.stream.SWAP_ROWS``: every stream at batch 1, the
+tree rows up to batch 6 at top_k 10), its dot takes the activations as its first operand
+(``kernels.stream._w_dot``), which keeps Triton from gathering the converted weights two bytes at
+a time (the planner gives such launches one tile where two would hold the rows); the streams that fold their k-chunks in the compute dtype (fc,
 o_proj and down) split them across the warps instead (``kernels.stream._stream_split``).
 
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
@@ -38,7 +39,7 @@ from ...weights import FP8, FP8_MAX, stamp_matches, tensors_stamp
 
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
 BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
-SWAP_DOT = 8  # added to an fp8 form in 16-bit dtypes: the activations first in 16-row dots
+SWAP_DOT = 8  # added to an fp8 form in 16-bit dtypes: the activations first in one-tile dots of up to 64 rows
 
 
 @dataclass(frozen=True)

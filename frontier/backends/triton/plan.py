@@ -3,10 +3,10 @@ kernel's compile-time constants (:class:`LaunchPlan`), worked out once per batch
 :class:`LaunchPlanner` from the config, dtype, grid and :class:`~.tuning.Tuning`; and the grid
 of each step launch.
 
-Batch sizes fall in two regimes. *Narrow* launches (batch 1 to about 8 at top_k 10) have an
-activation tile of at most ``Tuning.wide_bm`` rows: every weight stream is unsplit, the
-lm_head ranks its slab in registers, and at batch 1 (EAGLE-3) MERGE streams the next depth's
-QKV hidden half and runs SELECT. *Wide* launches split K in the tree depths' QKV / o_proj /
+Batch sizes fall in two regimes. *Narrow* launches (batch 1 at top_k 10) have an activation
+tile below ``Tuning.wide_bm`` rows: every weight stream is unsplit, the lm_head ranks its slab
+in registers, and (EAGLE-3) MERGE streams the next depth's QKV hidden half and runs SELECT.
+*Wide* launches (every batch from 2 at top_k 10) split K in the tree depths' QKV / o_proj /
 down, rank the lm_head's rows from a logits scratch, and give the context step's phases tiles
 of their own.
 """
@@ -142,7 +142,8 @@ class LaunchPlanner:
         rows with two power-of-two tiles when that pads less (160 rows: 128 + 32 instead of 256):
         the tensor-core work and the activation traffic of every weight chunk scale with the
         padded width, and at batch 16 these GEMMs are bound by them rather than by the weight
-        stream."""
+        stream. Launches with swapped fp8 dots (``self.swaps``) take one tile where it has at
+        most ``SWAP_ROWS`` rows (40 rows: 64, not 32 + 16): only one tile's dots swap."""
         bm = self.block_rows(batch)
         rows = batch * self.cfg.top_k
         tn = self.tuning
