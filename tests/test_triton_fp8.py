@@ -114,7 +114,7 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
         # 16-row tiles: the fp8 streams would split the k-chunks the plain ones fold; both off
         tuning = dataclasses.replace(tuning, lin_fold=1)
     form = stream_formats(q, dtype)
-    swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot at 16-row tiles)
+    swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot on one tile of up to 64 rows)
     assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
     plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
