@@ -799,7 +799,8 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    for tn in (Tuning(BM=8), Tuning(BM=32, wide_bm=64), Tuning(grid=12, BM=32, wide_bm=64), Tuning(grid=8, BM=32, wide_bm=64)):
+    narrow32 = dict(BM=32, wide_bm=64)  # (a narrow launch of one 32-row tile)
+    for tn in (Tuning(BM=8), Tuning(**narrow32), Tuning(grid=12, **narrow32), Tuning(grid=8, **narrow32)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.qkv_ahead(2) == (tn.BM == 32)
         outs.append(out)
@@ -1086,8 +1087,9 @@ def test_step_launches_sized_for_more_rows_than_the_call_has_draft_the_same_bits
 def test_context_rows_of_wide_launches_get_their_own_tile():
     """At wide launches (the 8B preset at batch 4, 16 and 64) the tree depths split K in o_proj
     and down, so the unsplit forms run only in the context step, over one row per sequence: their
-    tile is the batch's (16 / 16 / 64 rows, not the tree rows' 64 / 256) and their k-chunks follow
-    from it (512 / 256 columns, was 128). Narrow launches (batch 1) keep one tile for both."""
+    tile is the batch's (16 rows at batches 4 and 16, 64 at batch 64; the tree rows take 64 / 256 /
+    256) and their k-chunks follow from it (512 / 512 / 256 columns; a 256-row tile would leave
+    128). Narrow launches (batch 1) keep one tile for both."""
     from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.bench import BenchCase
 

@@ -51,7 +51,9 @@ LAUNCHES = {  # launch shapes of the GPU, on the interpreter's tiny heads
     "wide": Tuning(bm_max=16, wide_bm=16, wide_acc_elems=256, split_rows=64),
     "unpacked": Tuning(pack_weights=False, lin_fold=1),
     "ahead": Tuning(grid=12, BM=32, wide_bm=64),  # EAGLE-3's QKV hidden half streamed during MERGE
-    "tile64": Tuning(BM=64, wide_bm=128),  # one 64-row activation tile: the widest whose fp8 dots are swapped
+    "tile64": Tuning(BM=64, wide_bm=128),  # a narrow launch of one 64-row tile: the widest swapped one
+    # a wide launch whose tree rows (36) fp8 streams take as one swapped 64-row tile (plain: 32 + 16)
+    "wide64": Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64),
 }
 
 
@@ -98,6 +100,7 @@ BITS = [
     pytest.param("eagle3", torch.float32, True, "ahead", 1, marks=_slow),
     ("eagle3", torch.float16, True, "wide", 2),
     ("eagle3", torch.float16, True, "tile64", 2),
+    ("eagle3", torch.float16, True, "wide64", 12),
     pytest.param("eagle3", torch.float32, False, "wide", 2, marks=_slow),
     ("eagle3", torch.float16, False, "unpacked", 1),
     ("eagle2", torch.float32, True, "narrow", 1),
@@ -118,6 +121,8 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
     assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
     plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
+    if launch == "wide64":  # the fp8 launch's one swapped tile against the plain launch's two
+        assert (fp8["BM"], fp8["BM2"], plain["BM"], plain["BM2"]) == (64, 0, 32, 16)
     chunks = [k for k in plain if k.startswith("BK")]
     assert {k: plain[k] for k in chunks} == {k: fp8[k] for k in chunks}  # the same k-chunks: the same sums
     _assert_identical(_draft_sequence(cfg, q, 11, tuning, batch=batch),
