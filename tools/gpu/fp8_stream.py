@@ -1,5 +1,5 @@
-"""One weight stream alone, mostly at batch 1 (10 activation rows, one 16-row tile), on one program per
-SM, in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
+"""One weight stream alone, on one program per SM: at batch 1 (10 activation rows, one 16-row
+tile), in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
 scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``) and the integer
 conversion (``BF16_BITS``) - at a few stage sizes: the gate/up phase (``kernels.stream._ph_gateup``,
 both matrices packed per slab) and the down projection (``_ph_linear`` with the residual: bf16
@@ -36,10 +36,8 @@ if str(_REPO) not in sys.path:  # run as a script from a checkout
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT  # noqa: E402
-from frontier.backends.triton.kernels.stream import _ph_gateup, _ph_linear  # noqa: E402
-from frontier.backends.triton.fp8 import StreamFormats  # noqa: E402
-from frontier.backends.triton.kernels.stream import SWAP_ROWS  # noqa: E402
+from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT, StreamFormats  # noqa: E402
+from frontier.backends.triton.kernels.stream import SWAP_ROWS, _ph_gateup, _ph_linear  # noqa: E402
 from frontier.backends.triton.plan import LaunchPlanner, pack_slabs  # noqa: E402
 from frontier.backends.triton.tuning import Tuning, slab  # noqa: E402
 from frontier.bench import BenchCase, copy_bandwidth  # noqa: E402

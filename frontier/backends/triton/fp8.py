@@ -17,12 +17,15 @@ e4m3 bytes and reproduce it in one of two ways (``kernels.stream``):
 
 In bf16 on a GPU either form adds ``BF16_BITS``: the e4m3 -> bf16 conversion is done with integer
 ops and one exact bf16 multiply (``kernels.stream._e4m3_bf16``) instead of conversion
-instructions. In a 16-bit compute dtype either form adds ``SWAP_DOT``: wherever a stream's activation
-rows are one tile of at most 64 rows (``kernels.stream.SWAP_ROWS``: every stream at batch 1, the
-tree rows up to batch 6 at top_k 10), its dot takes the activations as its first operand
-(``kernels.stream._w_dot``), which keeps Triton from gathering the converted weights two bytes at
-a time (the planner gives such launches one tile where two would hold the rows); the streams that fold their k-chunks in the compute dtype (fc,
-o_proj and down) split them across the warps instead (``kernels.stream._stream_split``).
+instructions. In a 16-bit compute dtype either form adds ``SWAP_DOT``: wherever a stream's
+activation rows are one tile of at most 64 rows (``kernels.stream.SWAP_ROWS``: every stream at
+batch 1; at top_k 10 the tree rows up to batch 6, and the context step's rows on tiles of their
+own), its dot takes the activations as its first operand (``kernels.stream._w_dot``), which keeps
+Triton from gathering the converted weights two bytes at a time. The planner gives a launch with
+such streams one tile where two would hold the rows (all of its streams: a head that streams
+some matrices in the compute dtype pads those to that tile too). The streams that fold their
+k-chunks in the compute dtype (fc, o_proj and down) split them across the warps instead
+(``kernels.stream._stream_split``) on 16-row tiles and stay folded and unswapped on wider ones.
 
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
 and the lm_head. The matrices of one stream share a format.

@@ -25,14 +25,15 @@ class Tuning:
     up to ``slab_align``, ``wide_slab_align`` in wide launches), walked in sub-slabs of at most
     ``acc_elems / BM`` rows (one sub-slab at batch 1); its k-chunk is sized so that one pipeline
     stage holds about ``stage_bytes`` of weights (and at most that much of the activation tile).
-    A launch is *wide* when its activation tile reaches ``wide_bm`` rows (big batches).
+    A launch is *wide* when its activation tile reaches ``wide_bm`` rows (every batch from 2 at top_k 10).
     """
 
     BM: int = 16  # activation rows per tile at batch 1 (tl.dot needs >= 16)
     bm_max: int = 256  # largest activation tile when batching (more rows take more tiles)
     acc_elems: int = 4096  # fp32 accumulator elements per program per weight matrix: 32 registers a thread
     # tiles this wide make a wide launch: split-K streams, logits scratch for MERGE. 32: every batch
-    # from 2 (8B on an H200, batch 4: 2.33 ms wide against 2.98 narrow; batch 2 fp8: 1.97 against 2.25)
+    # from 2 at top_k 10 (8B on an H200, batch 4: 2.33 ms wide against 2.98 narrow; batch 2 fp8:
+    # 1.97 against 2.25)
     wide_bm: int = 32
     wide_acc_elems: int = 40960  # 160 registers a thread: 64K spilled at batch 64
     wide_num_warps: int = 8  # two warpgroups split the weight rows; each wgmma spans all activation rows
