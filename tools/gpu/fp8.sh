@@ -17,7 +17,7 @@ t0=$(date +%s)
 stamp() { echo "[fp8 +$(( $(date +%s) - t0 ))s] $*"; }
 bench() { python3 -c "import sys; from frontier.cli import main; sys.exit(main(sys.argv[1:]))" bench "$@"; }
 
-stamp "compile every bench launch (8 processes) beside the fp8 GPU tests"
+stamp "compile every bench launch (a process per preset, format and batch) beside the fp8 GPU tests"
 for p in ${PRESETS//,/ }; do
   for w in plain fp8; do
     for b in ${BATCHES//,/ }; do

@@ -12,17 +12,18 @@ the bits of the dequantized weight's dot; 2, e4m3 with any row scales - each wei
 in registers, ``(w * scale)`` rounded to the compute dtype, as the reference dequantizes. Plus 4
 (bf16 on a GPU): the e4m3 -> bf16 conversion is done with integer ops (``_e4m3_bf16``). Plus 8
 (16-bit dtypes): where the activation rows are one tile of at most ``SWAP_ROWS`` rows, an unfolded
-stream's dot takes the activations as its first operand (``acc^T += x @ w^T``, ``_w_dot``): Triton then runs it on
-mma.sync with the weights read from shared memory by ldmatrix, 16 bytes at a time (or, on 64-row
-tiles, on wgmma with the converted weights stored to shared memory), rather than on wgmma with the
-converted weights as its register operand, which it gathers two bytes at a time (the 8B gate/up
-at batch 1 on an H200: 33 us swapped at 32 KB stages, 49 us unswapped at its best, 16 KB; bf16
-55 us; at batch 4, one 64-row tile swapped: 60 us, 32 + 16 rows unswapped 73 us;
-docs/results/fp8_stream_h200.json). Two tiles are never swapped. The streams whose k-chunks fold
-in the compute dtype (FOLD > 1: fc, o_proj and down at batch 1) have slabs of 16 to 32 rows, and every warp of one swapped dot
-would read the whole activation chunk from shared memory (the 8B down: 33.0 us swapped, 29.3 us
-folded): swapped, they split each k-chunk FOLD ways instead (``_stream_split``), one k-slice per
-warp (23.6 us); folded streams on wider tiles stay folded and unswapped.
+stream's dot takes the activations as its first operand (``acc^T += x @ w^T``, ``_w_dot``): Triton
+then runs it on mma.sync with the weights read from shared memory by ldmatrix, 16 bytes at a time
+(or, on 64-row tiles, on wgmma with the converted weights stored to shared memory), rather than on
+wgmma with the converted weights as its register operand, which it gathers two bytes at a time (the
+8B gate/up at batch 1 on an H200: 33 us swapped at 32 KB stages, 49 us unswapped at its best, 16
+KB; bf16 55 us; at batch 4, one 64-row tile swapped: 60 us, 32 + 16 rows unswapped 73 us;
+docs/results/fp8_stream_h200.json). Two tiles are never swapped. The streams whose k-chunks fold in
+the compute dtype (FOLD > 1: fc, o_proj and down at batch 1) have slabs of 16 to 32 rows, and every
+warp of one swapped dot would read the whole activation chunk from shared memory (the 8B down: 33.0
+us swapped, 29.3 us folded): swapped, they split each k-chunk FOLD ways instead
+(``_stream_split``), one k-slice per warp (23.6 us); folded streams on wider tiles stay folded and
+unswapped.
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
