@@ -108,6 +108,19 @@ def _copies(nbytes: int) -> int:
     return max(1, -(-L2_CLEAR // nbytes))
 
 
+def _gateup_mats(n: int, k: int, gen: torch.Generator) -> tuple[list, list]:
+    """Gate and up [n, k] drawn from ``gen``: their e4m3 form (weights, fp32 power-of-two scales
+    [n]) and its dequantized bf16 weights."""
+    w = [(torch.randn(n, k, device=gen.device, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
+    q = [quantize_fp8(m) for m in w]
+    return q, [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
+
+
+def _pct(nbytes: int, us: float, bw: float) -> float:
+    """Bytes streamed per second as a percentage of the copy bandwidth ``bw``."""
+    return 100 * nbytes / (us * 1e-6) / bw
+
+
 def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
     dev = torch.device("cuda")
     grid = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -118,9 +131,7 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
         n, k = SHAPES[shape]
         gen = torch.Generator(device=dev).manual_seed(0)
         x = torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16)
-        w = [(torch.randn(n, k, device=dev, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
-        q = [quantize_fp8(m) for m in w]  # (e4m3 [n, k], fp32 power-of-two scales [n])
-        deq = [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
+        q, deq = _gateup_mats(n, k, gen)
         ref = None
         for name, w8 in FORMATS.items():
             mats = deq if w8 == PLAIN else [a for a, _ in q]
@@ -143,9 +154,9 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                 same = (y == ref).float().mean().item()
                 diff = (y.float() - ref.float()).abs().max().item()
                 rows.append(dict(shape=shape, stream="gate/up", weights=name, stage_kb=kb, BK=bk, us=us, bytes=nbytes,
-                                 pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same, max_diff=diff))
+                                 pct_bandwidth=_pct(nbytes, us, bw), identical=same, max_diff=diff))
                 print(f"{shape} {name:34s} {kb:3d} KB stages (BK {bk:3d}): {us:7.2f} us, "
-                      f"{100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: {100 * same:.2f}% identical, "
+                      f"{_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs bf16: {100 * same:.2f}% identical, "
                       f"max diff {diff:.3g}", flush=True)
         rows += _down(shape, k=n, n=k, grid=grid, bw=bw, reps=reps)
         rows += _tiles(shape, grid, bw, reps)
@@ -180,9 +191,9 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
             ref = y.clone()
         same = (y == ref).float().mean().item()
         rows.append(dict(shape=shape, stream="down", weights=name, stage_kb=None, BK=bk, us=us, bytes=nbytes,
-                         pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
+                         pct_bandwidth=_pct(nbytes, us, bw), identical=same,
                          max_diff=(y.float() - ref.float()).abs().max().item()))
-        print(f"{shape} down {name:29s} (BK {bk:4d}): {us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy "
+        print(f"{shape} down {name:29s} (BK {bk:4d}): {us:7.2f} us, {_pct(nbytes, us, bw):5.1f}% of copy "
               f"bandwidth; vs bf16: {100 * same:.2f}% identical", flush=True)
     return rows
 
@@ -199,9 +210,7 @@ def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
     cfg = BenchCase(preset=PRESET[shape], depth=7).config()
     n, k = SHAPES[shape]
     gen = torch.Generator(device=dev).manual_seed(2)
-    w = [(torch.randn(n, k, device=dev, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)]
-    q = [quantize_fp8(m) for m in w]
-    deq = [(a.float() * s[:, None]).to(torch.bfloat16) for a, s in q]
+    q, deq = _gateup_mats(n, k, gen)
     out = []
     for b in TILE_BATCHES:
         rows = b * cfg.top_k
@@ -229,10 +238,10 @@ def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
             same = (y == ref).float().mean().item()
             tiles = f"{c['BM']}+{c['BM2']}" if c["BM2"] else str(c["BM"])
             out.append(dict(shape=shape, stream="gate/up", batch=b, rows=rows, tiles=tiles, weights=name, BK=c["BK_GU"],
-                            us=us, bytes=nbytes, pct_bandwidth=100 * nbytes / (us * 1e-6) / bw, identical=same,
+                            us=us, bytes=nbytes, pct_bandwidth=_pct(nbytes, us, bw), identical=same,
                             max_diff=(y.float() - ref.float()).abs().max().item()))
             print(f"{shape} gate/up batch {b:2d} ({rows} rows, tiles {tiles:6s}) {name:12s} (BK {c['BK_GU']:3d}): "
-                  f"{us:7.2f} us, {100 * nbytes / (us * 1e-6) / bw:5.1f}% of copy bandwidth; vs bf16: "
+                  f"{us:7.2f} us, {_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs bf16: "
                   f"{100 * same:.2f}% identical", flush=True)
     return out
 
