@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+NARROW32 = dict(BM=32, wide_bm=64)  # Tuning of a narrow launch of one 32-row tile (wide_bm above it)
 
 # (architecture, config overrides, sampling) - tiny heads with odd sizes
 CASES = [
@@ -799,8 +800,7 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=2, lo=3, hi=9)
     outs = []
-    narrow32 = dict(BM=32, wide_bm=64)  # (a narrow launch of one 32-row tile)
-    for tn in (Tuning(BM=8), Tuning(**narrow32), Tuning(grid=12, **narrow32), Tuning(grid=8, **narrow32)):
+    for tn in (Tuning(BM=8), Tuning(**NARROW32), Tuning(grid=12, **NARROW32), Tuning(grid=8, **NARROW32)):
         d, out = _draft_tuned(cfg, w, seqs, tn)
         assert d.qkv_ahead(2) == (tn.BM == 32)
         outs.append(out)
@@ -818,7 +818,7 @@ def test_qkv_hidden_half_ahead_matches_one_stream_and_torch_ref(seed, hidden, he
         assert torch.equal(ref.tree_position_ids.reshape(-1).cpu(), d.out_pos[b].cpu())
     from frontier.backends.triton.launch import Launcher
 
-    small = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, BM=32, wide_bm=64, acc_elems=512))
+    small = Launcher(cfg, torch.float32, torch.device("cpu"), Tuning(grid=8, **NARROW32, acc_elems=512))
     rp, bns, _ = small.qkv_ahead_slab(2)  # 2 free programs, 16-row sub-slabs
     assert rp > bns and not small.qkv_ahead(2)  # two sub-slabs per slab: off
     eagle2 = random_config(architecture="eagle2")
@@ -850,8 +850,8 @@ def test_phase_kernels_on_their_own_grids_draft_what_the_small_grid_drafts(arch,
                         num_attention_heads=heads, num_key_value_heads=kv_heads)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=3, lo=3, hi=9)
-    d, new = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, fused_attention=fused))
-    _, small = _draft_tuned(cfg, w, seqs, Tuning(grid=2, BM=32, wide_bm=64, fused_attention=fused))
+    d, new = _draft_tuned(cfg, w, seqs, Tuning(grid=12, **NARROW32, fused_attention=fused))
+    _, small = _draft_tuned(cfg, w, seqs, Tuning(grid=2, **NARROW32, fused_attention=fused))
     _assert_same_launch(small, new)
     grids = {code // 256: g for code, g in zip(d.schedule_list, d.step_grid_list)}
     assert d.plan(3).sel == (arch == "eagle3") == d.plan(3).qh
@@ -921,8 +921,8 @@ def test_pdl_tuning_drafts_the_same_bits_where_it_cannot_apply():
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=91, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, 92, batch=2, lo=3, hi=9)
-    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, pdl=False))
-    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, BM=32, wide_bm=64, pdl=True))
+    _, a = _draft_tuned(cfg, w, seqs, Tuning(grid=12, **NARROW32, pdl=False))
+    _, b = _draft_tuned(cfg, w, seqs, Tuning(grid=12, **NARROW32, pdl=True))
     _assert_same_bits(a, b)
 
 
@@ -943,7 +943,7 @@ def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed)
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=32, wide_bm=64))
+    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, **NARROW32))
     off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
     assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
