@@ -24,9 +24,9 @@ import triton.language as tl
 import frontier
 from frontier import Drafter, InputError, frontier_generate
 from frontier.backends.triton.fp8 import (
-    BF16_BITS, FP8_DEQUANT, FP8_EXACT, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
+    BF16_BITS, FP8_DEQUANT, FP8_EXACT, PACK_WORDS, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
 )
-from frontier.backends.triton.kernels.stream import _e4m3_bf16, _stream_split
+from frontier.backends.triton.kernels.stream import _e4m3_bf16, _row_scale, _stream_split, _stream_tile
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
 from frontier.random_head import random_config, random_inputs, random_weights
@@ -54,6 +54,9 @@ LAUNCHES = {  # launch shapes of the GPU, on the interpreter's tiny heads
     "tile64": Tuning(BM=64, wide_bm=128),  # a narrow launch of one 64-row tile: the widest swapped one
     # a wide launch whose tree rows (36) fp8 streams take as one swapped 64-row tile (plain: 32 + 16)
     "wide64": Tuning(bm_max=64, wide_bm=16, wide_acc_elems=512, split_rows=64),
+    # a wide launch of two tiles (batch 22: 66 tree rows, 64 + 16): no dot is swapped, and in 16-bit
+    # dtypes the e4m3 bytes are read four to a word
+    "two_tiles": Tuning(),
 }
 
 
@@ -101,6 +104,8 @@ BITS = [
     ("eagle3", torch.float16, True, "wide", 2),
     ("eagle3", torch.float16, True, "tile64", 2),
     ("eagle3", torch.float16, True, "wide64", 12),
+    pytest.param("eagle3", torch.float16, True, "two_tiles", 22, marks=_slow),
+    pytest.param("eagle3", torch.float16, False, "two_tiles", 22, marks=_slow),
     pytest.param("eagle3", torch.float32, False, "wide", 2, marks=_slow),
     ("eagle3", torch.float16, False, "unpacked", 1),
     ("eagle2", torch.float32, True, "narrow", 1),
@@ -117,12 +122,15 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
         # 16-row tiles: the fp8 streams would split the k-chunks the plain ones fold; both off
         tuning = dataclasses.replace(tuning, lin_fold=1)
     form = stream_formats(q, dtype)
-    swap = SWAP_DOT if dtype.itemsize == 2 else 0  # (16-bit dtypes: the swapped dot on one tile of up to 64 rows)
+    # 16-bit dtypes: the swapped dot on one tile of up to 64 rows; words where no dot is swapped
+    swap = SWAP_DOT + PACK_WORDS if dtype.itemsize == 2 else 0
     assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
     plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
     if launch == "wide64":  # the fp8 launch's one swapped tile against the plain launch's two
         assert (fp8["BM"], fp8["BM2"], plain["BM"], plain["BM2"]) == (64, 0, 32, 16)
+    if launch == "two_tiles":  # two tiles: the tree depths' streams read words
+        assert (fp8["BM"], fp8["BM2"], fp8["SPLITK"], fp8["LM_WIDE"]) == (64, 16, True, True)
     chunks = [k for k in plain if k.startswith("BK")]
     assert {k: plain[k] for k in chunks} == {k: fp8[k] for k in chunks}  # the same k-chunks: the same sums
     _assert_identical(_draft_sequence(cfg, q, 11, tuning, batch=batch),
@@ -157,6 +165,44 @@ def test_split_stream_is_the_dot_of_the_dequantized_weights(pow2):
     _split_kernel[(-(-n // rp),)](q, x, sc, y, kd, n, m, rp, k_lo, k_hi, BNS=32, BK=128, S=8, W8=w8)
     ref = x[:, k_lo:k_hi].float() @ deq[:, k_lo:k_hi].float().T
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def _tile_kernel(w_ptr, x_ptr, s_ptr, y_ptr, Kd, N, M, RP, K_LO, K_HI,
+                 BNS: tl.constexpr, BM: tl.constexpr, BM2: tl.constexpr, BK: tl.constexpr, W8: tl.constexpr):
+    """Program p: rows [p * RP, p * RP + RP) of W[:, K_LO:K_HI] @ X[:, K_LO:K_HI]^T for two activation
+    tiles (``_stream_tile``), rounded to X's dtype."""
+    rj = tl.arange(0, BNS)
+    rr = tl.program_id(0) * RP + rj
+    rmask = (rj < RP) & (rr < N)
+    rm = tl.arange(0, BM)
+    rm2 = BM + tl.arange(0, BM2)
+    acc, acc2 = _stream_tile(w_ptr + rr * Kd, rmask, x_ptr, Kd, rm, rm2, M, K_LO, K_HI, BNS, BM, BK, False, BM2, 2,
+                             _row_scale(s_ptr, rr, rmask, W8), W8)
+    DT = x_ptr.dtype.element_ty
+    tl.store(y_ptr + rm[None, :] * N + rr[:, None], acc.to(DT), mask=rmask[:, None] & (rm[None, :] < M))
+    tl.store(y_ptr + rm2[None, :] * N + rr[:, None], acc2.to(DT), mask=rmask[:, None] & (rm2[None, :] < M))
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+def test_word_reads_of_unswapped_fp8_tiles_are_the_dequantized_dot(pow2):
+    """``_stream_tile`` on two activation tiles (32 + 16 rows: the dot is not swapped), e4m3 bytes
+    read four to an int32 word (``PACK_WORDS``): slabs of 20 rows, 40 of 48 activation rows, a
+    k-range [32, 272) of 304 columns in k-chunks of 128 (the last one cut): the same bits as the
+    stream over the dequantized fp16 weights."""
+    g = torch.Generator().manual_seed(4)
+    n, kd, m, rp, k_lo, k_hi = 56, 304, 40, 20, 32, 272
+    q, sc = quantize_fp8((torch.randn(n, kd, generator=g) * 0.05).to(DEVICE), power_of_two=pow2)
+    deq = (q.float() * sc[:, None]).half()
+    x = torch.randn(m, kd, generator=g).half().to(DEVICE)
+    out = []
+    for w, w8 in [(q, (FP8_EXACT if pow2 else FP8_DEQUANT) + SWAP_DOT + PACK_WORDS), (deq, PLAIN)]:
+        y = torch.zeros(m, n, dtype=torch.float16, device=DEVICE)
+        _tile_kernel[(-(-n // rp),)](w, x, sc, y, kd, n, m, rp, k_lo, k_hi, BNS=32, BM=32, BM2=16, BK=128, W8=w8)
+        out.append(y)
+    assert torch.equal(out[0], out[1])
+    ref = (x[:, k_lo:k_hi].float() @ deq[:, k_lo:k_hi].float().T).half()
+    torch.testing.assert_close(out[0], ref, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("arch,pow2,launch,batch", [("eagle3", True, "narrow", 1), ("eagle2", False, "narrow", 1),
@@ -220,21 +266,41 @@ def test_stream_formats_follow_the_scales_and_the_compute_dtype():
         h.scales["fc.weight"].fill_(2.0 ** -16)  # (the e4m3 quantum 2^-9 times it: 2^-25 < fp16's 2^-24)
         h.scales["midlayer.mlp.down_proj.weight"].fill_(2.0 ** -15)  # 2^-24: exact
     form = stream_formats(h, torch.float16)
-    assert form.fc == FP8_DEQUANT + SWAP_DOT and form.d == FP8_EXACT + SWAP_DOT and form.o == FP8_EXACT + SWAP_DOT
+    both = SWAP_DOT + PACK_WORDS
+    assert form.fc == FP8_DEQUANT + both and form.d == FP8_EXACT + both and form.o == FP8_EXACT + both
+
+
+def test_word_reads_only_where_every_row_starts_on_16_bytes():
+    _, h = _head("eagle3", torch.float16, True)
+    assert all(f & PACK_WORDS for f in vars(stream_formats(h, torch.float16)).values())
+    assert not any(f & PACK_WORDS for f in vars(stream_formats(h.to(dtype=torch.float32), torch.float32)).values())
+    lm = h.lm_head
+    shifted = torch.empty(lm.numel() + 4, dtype=torch.uint8, device=lm.device)[4:].view(FP8).view(lm.shape)
+    shifted.copy_(lm)  # the same bytes, 4 bytes off a 16-byte boundary
+    h.lm_head = shifted
+    form = stream_formats(h, torch.float16)
+    assert form.lm == FP8_EXACT + SWAP_DOT and form.gu == FP8_EXACT + SWAP_DOT + PACK_WORDS
+    # EAGLE-3's QKV streams its hidden half on its own: its rows of 80 bytes (2 x 40) read bytes
+    cfg = random_config(architecture="eagle3", **dict(HEADS["eagle3"], hidden_size=40, num_attention_heads=2,
+                                                      num_key_value_heads=1, intermediate_size=48))
+    q = random_weights(cfg, seed=1, dtype=torch.float16, device=DEVICE).quantized()
+    form = stream_formats(q, torch.float16)
+    assert form.qkv == form.o == form.lm == FP8_EXACT + SWAP_DOT and form.d == FP8_EXACT + SWAP_DOT + PACK_WORDS
 
 
 def test_bf16_on_a_gpu_converts_e4m3_with_integer_ops(monkeypatch):
     _, w = _head("eagle3", torch.float32, True)
     bf = w.to(dtype=torch.bfloat16)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the format is chosen for a GPU launch; nothing runs)
-    assert stream_formats(bf, torch.bfloat16) == StreamFormats(*[FP8_EXACT + BF16_BITS + SWAP_DOT] * 6)
+    both = SWAP_DOT + PACK_WORDS
+    assert stream_formats(bf, torch.bfloat16) == StreamFormats(*[FP8_EXACT + BF16_BITS + both] * 6)
     assert (stream_formats(bf.dequantized().quantized(power_of_two=False), torch.bfloat16).lm
-            == FP8_DEQUANT + BF16_BITS + SWAP_DOT)
+            == FP8_DEQUANT + BF16_BITS + both)
     # only bf16 has the bit form; every 16-bit dtype swaps the dot, fp32 keeps its IEEE dot as it is
-    assert stream_formats(w.to(dtype=torch.float16), torch.float16).fc == FP8_EXACT + SWAP_DOT
+    assert stream_formats(w.to(dtype=torch.float16), torch.float16).fc == FP8_EXACT + both
     assert stream_formats(w, torch.float32).fc == FP8_EXACT
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert stream_formats(bf, torch.bfloat16).fc == FP8_EXACT + SWAP_DOT
+    assert stream_formats(bf, torch.bfloat16).fc == FP8_EXACT + both
 
 
 def test_a_stream_mixing_fp8_and_plain_matrices_is_refused():

@@ -26,6 +26,10 @@ such streams one tile where two would hold the rows (all of its streams: a head 
 some matrices in the compute dtype pads those to that tile too). The streams that fold their
 k-chunks in the compute dtype (fc, o_proj and down) split them across the warps instead
 (``kernels.stream._stream_split``) on 16-row tiles and stay folded and unswapped on wider ones.
+In a 16-bit compute dtype a stream whose rows start on 16-byte boundaries (every matrix's data and
+row length a multiple of 16 bytes; EAGLE-3's QKV also its hidden half) also adds ``PACK_WORDS``:
+where its dot is not swapped, it reads the e4m3 bytes four to an int32 word, 16 bytes per load
+(``kernels.stream._w_chunk``), for the same reason.
 
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
 and the lm_head. The matrices of one stream share a format.
@@ -43,12 +47,13 @@ from ...weights import FP8, FP8_MAX, stamp_matches, tensors_stamp
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
 BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
 SWAP_DOT = 8  # added to an fp8 form in 16-bit dtypes: the activations first in one-tile dots of up to 64 rows
+PACK_WORDS = 16  # added to an fp8 form in 16-bit dtypes with 16-byte aligned rows: unswapped dots read int32 words
 
 
 @dataclass(frozen=True)
 class StreamFormats:
     """The weight format of every stream (``PLAIN``, ``FP8_EXACT`` or ``FP8_DEQUANT``, the latter two
-    possibly + ``BF16_BITS`` and + ``SWAP_DOT``)."""
+    possibly + ``BF16_BITS``, + ``SWAP_DOT`` and + ``PACK_WORDS``)."""
 
     fc: int = PLAIN
     qkv: int = PLAIN
@@ -115,11 +120,19 @@ def _formats(weights, dtype: torch.dtype, bits: int) -> StreamFormats:
             )
         if not fp8[0]:
             out[stream] = PLAIN
-        elif all(_exact(weights.scales[k], dtype) for k in keys):
-            out[stream] = FP8_EXACT + bits
-        else:
-            out[stream] = FP8_DEQUANT + bits
+            continue
+        form = FP8_EXACT if all(_exact(weights.scales[k], dtype) for k in keys) else FP8_DEQUANT
+        words = dtype.itemsize == 2 and _word_aligned([state[k] for k in keys],
+                                                      halves=stream == "qkv" and weights.architecture == "eagle3")
+        out[stream] = form + bits + (PACK_WORDS if words else 0)
     return StreamFormats(**out)
+
+
+def _word_aligned(mats: list, halves: bool) -> bool:
+    """Whether every row of every (row-major) e4m3 matrix starts on a 16-byte boundary, and with
+    ``halves`` also its second half (EAGLE-3's QKV streams its hidden half on its own)."""
+    step = 32 if halves else 16
+    return all(m.data_ptr() % 16 == 0 and m.shape[1] % step == 0 for m in mats)
 
 
 def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .layout import KEY32_NONE, KEY_NONE, W_EVICT
+from .layout import KEY32_NONE, KEY_NONE
 from .numerics import _best_k, _key, _key_idx, _key_val, _keys16, _rank_rounds, _wide_key
 from .stream import (
-    SWAP_ROWS, _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_dot,
-    _w_operand, _x_operand,
+    SWAP_ROWS, _acc_init, _acc_rows, _acc_scaled, _row_scale, _row_tiles, _slab_base, _slab_rows, _stream_tile, _w_chunk,
+    _w_dot, _x_operand,
 )
 
 
@@ -67,7 +67,7 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
     (``stream``'s module docstring)."""
     DT = x_ptr.dtype.element_ty
     K16: tl.constexpr = KEY16 and ONE_SUB
-    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS  # (``stream._w_dot``)
+    SWAP: tl.constexpr = W8 % 16 >= 8 and BM <= SWAP_ROWS  # (``stream._w_dot``)
     rbm = tl.arange(0, BM)
     rp = tl.arange(0, BNS)
     rk = tl.arange(0, BK)
@@ -85,10 +85,8 @@ def _ph_lmhead(pid, nprog, x_ptr, M, w_ptr, V, Kd, keys_ptr, max_ptr, sum_ptr, R
             acc1 = _acc_init(BNS, BM, SWAP)
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
-                km = (kk[None, :] < Kd)
-                w1 = tl.load(w1row[:, None] + k0 * kstep + rk[None, :], mask=m1[:, None] & km, other=0.0,
-                             eviction_policy=W_EVICT)
-                acc1 = _w_dot(acc1, _w_operand(w1, sc1, DT, W8), _x_operand(x_ptr, Kd, rm, kk, M, Kd, SWAP), IEEE, SWAP)
+                w1 = _w_chunk(w1row, k0, kstep, m1, Kd, sc1, DT, W8, BK, SWAP)
+                acc1 = _w_dot(acc1, w1, _x_operand(x_ptr, Kd, rm, kk, M, Kd, SWAP), IEEE, SWAP)
             key1, tmax, logit1 = _lm_keys(_acc_scaled(_acc_rows(acc1, SWAP), sc1, W8), rr1, m1, rm, M, DT, K16,
                                           pid * RP)
             safe = tl.where(tmax == float("-inf"), 0.0, tmax)

@@ -23,7 +23,8 @@ the compute dtype (FOLD > 1: fc, o_proj and down at batch 1) have slabs of 16 to
 warp of one swapped dot would read the whole activation chunk from shared memory (the 8B down: 33.0
 us swapped, 29.3 us folded): swapped, they split each k-chunk FOLD ways instead
 (``_stream_split``), one k-slice per warp (23.6 us); folded streams on wider tiles stay folded and
-unswapped.
+unswapped. Plus 16 (16-bit dtypes, rows on 16-byte boundaries): unswapped, unfolded dots read the
+e4m3 bytes as int32 words (``_w_chunk``).
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
 """
 
@@ -91,6 +92,69 @@ def _w_operand(w, sc, DT: tl.constexpr, W8: tl.constexpr):
         else:
             wf = w.to(tl.float32)
         w = (wf * sc[:, None]).to(DT)
+    return w
+
+
+@triton.jit
+def _e4m3_words(p, DT: tl.constexpr, W8: tl.constexpr):
+    """int32 words [rows, n] of four e4m3 bytes each -> their [rows, 4n] values in DT, exactly, in
+    memory order (byte j of word i is element 4i + j). With W8's ``BF16_BITS`` one ``_e4m3_bf16``
+    sequence makes the four bf16 of a word; otherwise each byte is converted on its own. The
+    four results are joined back along the row, a layout Triton cannot hoist into the shared-memory
+    read of the words, so the read stays 16 bytes per thread (``_w_chunk``)."""
+    if W8 % 8 >= 4:
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, b, k, z, lo, hi;
+            prmt.b32 a, $4, 0, 0x9180;
+            prmt.b32 b, $4, 0, 0xB3A2;
+            shl.b32 a, a, 4;
+            shl.b32 b, b, 4;
+            and.b32 a, a, 0x87F087F0;
+            and.b32 b, b, 0x87F087F0;
+            mov.b32 k, 0x7B807B80;
+            mov.b32 z, 0x80008000;
+            fma.rn.bf16x2 lo, a, k, z;
+            fma.rn.bf16x2 hi, b, k, z;
+            mov.b32 {$0, $1}, lo;
+            mov.b32 {$2, $3}, hi;
+            }""",
+            constraints="=h,=h,=h,=h,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True, pack=1)
+    else:
+        o0 = (p & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+        o1 = ((p >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+        o2 = ((p >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+        o3 = ((p >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+    w = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [rows, n, 2, 2]: element 4i + 2a + b at [i, a, b]
+    return tl.reshape(w, [p.shape[0], 4 * p.shape[1]])
+
+
+@triton.jit
+def _w_chunk(wrow, k0, kstep, rmask, k_hi, sc, DT: tl.constexpr, W8: tl.constexpr, BK: tl.constexpr,
+             SWAP: tl.constexpr):
+    """The weight chunk [rows, BK] at column k0 (row pointers ``wrow``, valid where rmask, columns
+    below k_hi; a row's column k at ``wrow + k0 * kstep + (k - k0)``) as the dot's operand in DT
+    (``_w_operand``). An fp8 stream with ``PACK_WORDS`` whose dot is not swapped reads its bytes
+    four to an int32 word (``_e4m3_words``): with the weights the register operand of wgmma, a
+    byte-wide read lets Triton gather them from shared memory two bytes at a time (the 8B gate/up
+    at batch 16 on an H200: 102 us in words, 131 us in bytes; bf16 83 us). Such a stream's rows,
+    and so its chunks (k0 a multiple of BK), start on 16-byte boundaries (``fp8.PACK_WORDS``),
+    which the cast pointers are declared to keep their 16-byte loads."""
+    if W8 % 32 >= 16 and not SWAP:
+        rw = tl.arange(0, BK // 4)
+        words = tl.multiple_of((wrow + k0 * kstep).to(tl.pointer_type(tl.int32), bitcast=True), 16)
+        nw = tl.multiple_of((k_hi - k0) // 4, 4)  # the words left in the row (k0, k_hi: multiples of 16)
+        p = tl.load(words[:, None] + rw[None, :], mask=rmask[:, None] & (rw[None, :] < nw), other=0,
+                    eviction_policy=W_EVICT)
+        w = _e4m3_words(p, DT, W8)
+        if W8 % 4 == 2:
+            w = (w.to(tl.float32) * sc[:, None]).to(DT)
+    else:
+        rk = tl.arange(0, BK)
+        w = tl.load(wrow[:, None] + k0 * kstep + rk[None, :], mask=rmask[:, None] & (k0 + rk[None, :] < k_hi),
+                    other=0.0, eviction_policy=W_EVICT)
+        w = _w_operand(w, sc, DT, W8)
     return w
 
 
@@ -238,7 +302,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
     acc2 is acc (unused). ST: the k-loop's software-pipeline depth (stages). W8 / sc: the weight
     format and the rows' scales [BNS] (module docstring)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS and BM2 == 0
+    SWAP: tl.constexpr = W8 % 16 >= 8 and BM <= SWAP_ROWS and BM2 == 0
     rk = tl.arange(0, BK)
     acc = _acc_init(BNS, BM, SWAP)
     if BM2 > 0:
@@ -247,9 +311,7 @@ def _stream_tile(wrow, rmask, x_ptr, x_stride, rm, rm2, M, k_lo, k_hi,
         acc2 = acc
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=ST):
         kk = k0 + rk
-        w = tl.load(wrow[:, None] + kk[None, :], mask=rmask[:, None] & (kk[None, :] < k_hi), other=0.0,
-                    eviction_policy=W_EVICT)
-        w = _w_operand(w, sc, DT, W8)
+        w = _w_chunk(wrow, k0, 1, rmask, k_hi, sc, DT, W8, BK, SWAP)
         acc = _w_dot(acc, w, _x_operand(x_ptr, x_stride, rm, kk, M, k_hi, SWAP), IEEE, SWAP)
         if BM2 > 0:
             acc2 = _mma(w, _x_chunk(x_ptr, x_stride, rm2, kk, M, k_hi), acc2, IEEE)
@@ -356,7 +418,7 @@ def _ph_linear(pid, nprog, x_ptr, x_stride, M, w_ptr, N, Kd, KR, y_ptr, y_stride
             rm = m0 + tl.arange(0, BM)
             if FOLD > 1:  # (not QKV: one weight matrix)
                 row0 = pid * RP + s0
-                if W8 >= 8 and BM == 16:  # swapped: each k-chunk split FOLD ways
+                if W8 % 16 >= 8 and BM == 16:  # swapped: each k-chunk split FOLD ways
                     acc = _stream_split(w_ptr, Kd, row0, tl.minimum(RP - s0, N - row0), x_ptr, x_stride, m0, M, 0,
                                         KR, BNS, BM, BK, STF if STF > 0 else ST, FOLD, s_ptr, W8)
                 else:
@@ -483,7 +545,7 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
     both matrices are packed per slab (``_slab_base``). W8 / sg_ptr, su_ptr: both matrices' weight
     format and row scales."""
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    SWAP: tl.constexpr = W8 >= 8 and BM <= SWAP_ROWS and BM2 == 0
+    SWAP: tl.constexpr = W8 % 16 >= 8 and BM <= SWAP_ROWS and BM2 == 0
     rk = tl.arange(0, BK)
     for s0 in range(0, RP, BNS):
         rp = s0 + tl.arange(0, BNS)
@@ -505,11 +567,8 @@ def _ph_gateup(pid, nprog, x_ptr, M, wg_ptr, wu_ptr, N, Kd, y_ptr, RP,
                 acc_u2 = acc_u
             for k0 in tl.range(0, Kd, BK, num_stages=ST):
                 kk = k0 + rk
-                wmask = rmask[:, None] & (kk[None, :] < Kd)
-                wg = tl.load(wgrow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
-                wu = tl.load(wurow[:, None] + k0 * kstep + rk[None, :], mask=wmask, other=0.0, eviction_policy=W_EVICT)
-                wg = _w_operand(wg, sgr, DT, W8)
-                wu = _w_operand(wu, sur, DT, W8)
+                wg = _w_chunk(wgrow, k0, kstep, rmask, Kd, sgr, DT, W8, BK, SWAP)
+                wu = _w_chunk(wurow, k0, kstep, rmask, Kd, sur, DT, W8, BK, SWAP)
                 x = _x_operand(x_ptr, Kd, rm, kk, M, Kd, SWAP)
                 acc_g = _w_dot(acc_g, wg, x, IEEE, SWAP)
                 acc_u = _w_dot(acc_u, wu, x, IEEE, SWAP)
