@@ -4,7 +4,7 @@
 # depth 7, batches 1, 2, 4, 8 and 16 (FP8_BATCHES), triton (then torch_ref at batch 1), and the
 # gate/up and down streams alone in each format (tools/gpu/fp8_stream.py); fp8 vs plain trees of
 # random heads. Writes $OUT/fp8_bench*.json, $OUT/fp8_stream.json, $OUT/fp8_quality_gpu.json and
-# $OUT/fp8_tests.txt. FP8_STREAMS=0 leaves out the streams alone.
+# $OUT/fp8_tests.txt. FP8_STREAMS=0 leaves out the streams alone; FP8_TEST_K selects GPU tests (pytest -k).
 # Usage (device tool, carrying .whl): bash tools/gpu/fp8.sh [bench seconds]
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -32,7 +32,8 @@ if [ "${FP8_TESTS:-1}" = 1 ]; then  # FP8_TESTS=0: the bench alone
     timeout 200 python3 benchmarks/fp8_quality.py --device cuda --backend torch_ref --seeds 8 \
       --json-out "$OUT/fp8_quality_gpu.json" > "$OUT/fp8_quality.txt" 2>&1 &
   fi
-  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 tests/test_triton_fp8.py > "$OUT/fp8_tests.txt" 2>&1
+  timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -n 4 ${FP8_TEST_K:+-k "$FP8_TEST_K"} \
+    tests/test_triton_fp8.py > "$OUT/fp8_tests.txt" 2>&1
   stamp "fp8 GPU tests: $(tail -1 "$OUT/fp8_tests.txt")"
 fi
 wait

@@ -1,13 +1,14 @@
 """One weight stream alone, on one program per SM: at batch 1 (10 activation rows, one 16-row
 tile), in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
-scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``) and the integer
-conversion (``BF16_BITS``) - at a few stage sizes: the gate/up phase (``kernels.stream._ph_gateup``,
+scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``), the integer
+conversion (``BF16_BITS``) and the word reads of unswapped dots (``PACK_WORDS``) - at a few stage
+sizes: the gate/up phase (``kernels.stream._ph_gateup``,
 both matrices packed per slab) and the down projection (``_ph_linear`` with the residual: bf16
 and unswapped fp8 with the k-chunks folded 4 ways, swapped fp8 unsplit and split
 ``Tuning.swap_split`` ways in k-chunks of up to ``Tuning.split_bk`` columns, the launcher's
 batch-1 form); and gate/up for the tree rows of batches 2, 4 and 16 in the launcher's geometry
-of those batches (its row tiles: bf16, fp8, and fp8 swapped where one tile of at most 64 rows
-holds them). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
+of those batches (its row tiles: bf16, fp8 read as bytes and as words, and fp8 swapped where one
+tile of at most 64 rows holds them). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
 gaps) over copies of its weights that rotate so that no call finds its weights in L2.
 Prints microseconds per call and the bytes streamed per second against the device's copy
 bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
@@ -36,7 +37,7 @@ if str(_REPO) not in sys.path:  # run as a script from a checkout
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PLAIN, SWAP_DOT, StreamFormats  # noqa: E402
+from frontier.backends.triton.fp8 import BF16_BITS, FP8_EXACT, PACK_WORDS, PLAIN, SWAP_DOT, StreamFormats  # noqa: E402
 from frontier.backends.triton.kernels.stream import SWAP_ROWS, _ph_gateup, _ph_linear  # noqa: E402
 from frontier.backends.triton.plan import LaunchPlanner, pack_slabs  # noqa: E402
 from frontier.backends.triton.tuning import Tuning, slab  # noqa: E402
@@ -49,6 +50,7 @@ ROWS = 10  # the tree rows of one sequence at top_k 10
 FORMATS = {  # name -> W8
     "bf16": PLAIN,
     "fp8": FP8_EXACT + BF16_BITS,
+    "fp8, words": FP8_EXACT + BF16_BITS + PACK_WORDS,
     "fp8 swapped, Triton's conversion": FP8_EXACT + SWAP_DOT,
     "fp8 swapped": FP8_EXACT + BF16_BITS + SWAP_DOT,
 }
@@ -199,7 +201,8 @@ def _down(shape: str, k: int, n: int, grid: int, bw: float, reps: int) -> list[d
 
 
 TILE_BATCHES = (2, 4, 16)
-TILE_FORMATS = {"bf16": PLAIN, "fp8": FP8_EXACT + BF16_BITS, "fp8 swapped": FP8_EXACT + BF16_BITS + SWAP_DOT}
+TILE_FORMATS = {"bf16": PLAIN, "fp8": FP8_EXACT + BF16_BITS, "fp8 words": FP8_EXACT + BF16_BITS + PACK_WORDS,
+                "fp8 swapped": FP8_EXACT + BF16_BITS + SWAP_DOT}
 
 
 def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
