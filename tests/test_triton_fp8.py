@@ -26,7 +26,7 @@ from frontier import Drafter, InputError, frontier_generate
 from frontier.backends.triton.fp8 import (
     BF16_BITS, FP8_DEQUANT, FP8_EXACT, PACK_WORDS, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
 )
-from frontier.backends.triton.kernels.stream import _e4m3_bf16, _row_scale, _stream_split, _stream_tile
+from frontier.backends.triton.kernels.stream import _e4m3_bf16, _e4m3_words, _row_scale, _stream_split, _stream_tile
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
 from frontier.random_head import random_config, random_inputs, random_weights
@@ -370,6 +370,26 @@ def test_gpu_integer_e4m3_to_bf16_is_exact_for_every_byte():
     _convert_kernel[(1,)](x, y, N=256)
     finite = (torch.arange(256, device="cuda") & 0x7F) != 0x7F  # 0x7F / 0xFF are NaN
     assert torch.equal(y.view(torch.int16)[finite], x.to(torch.bfloat16).view(torch.int16)[finite])
+
+
+@triton.jit
+def _words_kernel(x_ptr, y_ptr, N: tl.constexpr, W8: tl.constexpr):
+    p = tl.load(x_ptr + tl.arange(0, N // 4)[None, :])  # [1, N / 4] int32 words
+    tl.store(y_ptr + tl.arange(0, N)[None, :], _e4m3_words(p, tl.bfloat16, W8))
+
+
+@pytest.mark.parametrize("bits", [pytest.param(False, id="triton-ops"),
+                                  pytest.param(True, id="integer-ops", marks=pytest.mark.gpu)])
+def test_word_conversion_is_exact_for_every_byte_in_memory_order(bits):
+    """``_e4m3_words`` on the 256 bytes as 64 int32 words: element i is byte i, exactly converted
+    (the NaN bytes aside), with Triton's conversion or (GPU) the integer ops of ``_e4m3_bf16``."""
+    if bits and not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    x = torch.arange(256, dtype=torch.int32, device=DEVICE).to(torch.uint8)
+    y = torch.empty(256, dtype=torch.bfloat16, device=DEVICE)
+    _words_kernel[(1,)](x.view(torch.int32), y, N=256, W8=FP8_EXACT + (BF16_BITS if bits else 0))
+    finite = (torch.arange(256, device=DEVICE) & 0x7F) != 0x7F  # 0x7F / 0xFF are NaN
+    assert torch.equal(y.view(torch.int16)[finite], x.view(FP8).to(torch.bfloat16).view(torch.int16)[finite])
 
 
 def _medium(arch="eagle3"):

@@ -39,6 +39,29 @@ from .numerics import _mma, _silu_rn
 SWAP_ROWS = tl.constexpr(64)  # the widest one-tile activation block whose fp8 dots are swapped (``_w_dot``)
 
 
+def _e4m3_pair_asm(word: str, lo: str, hi: str) -> str:
+    """PTX that turns the four e4m3 bytes of the 32-bit register ``word`` into two bf16x2
+    registers, ``lo`` (bytes 0, 1) and ``hi`` (bytes 2, 3), with the scratch registers a, b, k,
+    z (``_e4m3_bf16`` says how)."""
+    return f"""
+        prmt.b32 a, {word}, 0, 0x9180;
+        prmt.b32 b, {word}, 0, 0xB3A2;
+        shl.b32 a, a, 4;
+        shl.b32 b, b, 4;
+        and.b32 a, a, 0x87F087F0;
+        and.b32 b, b, 0x87F087F0;
+        mov.b32 k, 0x7B807B80;
+        mov.b32 z, 0x80008000;
+        fma.rn.bf16x2 {lo}, a, k, z;
+        fma.rn.bf16x2 {hi}, b, k, z;"""
+
+
+# four e4m3 packed by Triton into $2 -> two bf16x2 ($0, $1); one int32 word $4 -> four bf16 ($0-$3)
+_E4M3_PACKED_ASM = tl.constexpr("{\n        .reg .b32 a, b, k, z;" + _e4m3_pair_asm("$2", "$0", "$1") + "\n        }")
+_E4M3_WORD_ASM = tl.constexpr("{\n        .reg .b32 a, b, k, z, lo, hi;" + _e4m3_pair_asm("$4", "lo", "hi")
+                              + "\n        mov.b32 {$0, $1}, lo;\n        mov.b32 {$2, $3}, hi;\n        }")
+
+
 @triton.jit
 def _e4m3_bf16(w):
     """e4m3 -> bf16, exactly, with integer ops, four elements per instance: ``prmt`` puts each byte
@@ -48,21 +71,8 @@ def _e4m3_bf16(w):
     pair in place of Triton's conversion sequence (the 8B gate/up at batch 1 on an H200, swapped:
     34 us against 53 us; docs/results/fp8_stream_h200.json). (The two NaN bytes become +-480;
     quantizing finite weights never produces them.)"""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, b, k, z;
-        prmt.b32 a, $2, 0, 0x9180;
-        prmt.b32 b, $2, 0, 0xB3A2;
-        shl.b32 a, a, 4;
-        shl.b32 b, b, 4;
-        and.b32 a, a, 0x87F087F0;
-        and.b32 b, b, 0x87F087F0;
-        mov.b32 k, 0x7B807B80;
-        mov.b32 z, 0x80008000;
-        fma.rn.bf16x2 $0, a, k, z;
-        fma.rn.bf16x2 $1, b, k, z;
-        }""",
-        constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(asm=_E4M3_PACKED_ASM, constraints="=r,=r,r", args=[w.to(tl.uint8, bitcast=True)],
+                                     dtype=tl.bfloat16, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -104,23 +114,8 @@ def _e4m3_words(p, DT: tl.constexpr, W8: tl.constexpr):
     read of the words, so the read stays 16 bytes per thread (``_w_chunk``)."""
     if W8 % 8 >= 4:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 a, b, k, z, lo, hi;
-            prmt.b32 a, $4, 0, 0x9180;
-            prmt.b32 b, $4, 0, 0xB3A2;
-            shl.b32 a, a, 4;
-            shl.b32 b, b, 4;
-            and.b32 a, a, 0x87F087F0;
-            and.b32 b, b, 0x87F087F0;
-            mov.b32 k, 0x7B807B80;
-            mov.b32 z, 0x80008000;
-            fma.rn.bf16x2 lo, a, k, z;
-            fma.rn.bf16x2 hi, b, k, z;
-            mov.b32 {$0, $1}, lo;
-            mov.b32 {$2, $3}, hi;
-            }""",
-            constraints="=h,=h,=h,=h,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-            is_pure=True, pack=1)
+            asm=_E4M3_WORD_ASM, constraints="=h,=h,=h,=h,r", args=[p],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
     else:
         o0 = (p & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
         o1 = ((p >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
