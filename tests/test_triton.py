@@ -1312,6 +1312,41 @@ def test_gpu_replayed_calls_return_their_own_outputs(mode):
     assert not torch.equal(got[0][1][2], got[1][1][2])  # the two inputs draft different scores
 
 
+@pytest.mark.parametrize("key", ["o_proj", "embed", "norm"])
+def test_weights_that_are_not_row_major_are_refused_by_name(key):
+    """The kernels address every weight as dense row-major storage: a transposed matrix, a
+    sliced embedding or a strided norm vector would be read as other values, so the call and a
+    Drafter are refused, naming the tensor; its contiguous copy drafts what torch_ref drafts."""
+    from frontier import Drafter
+
+    cfg = random_config()
+    w = random_weights(cfg, seed=83, device=DEVICE)
+    lw = w.layers[0]
+    if key == "o_proj":
+        lw.o_proj, name = lw.o_proj.t().contiguous().t(), "o_proj.weight"
+    elif key == "embed":
+        wide = torch.zeros(cfg.target_vocab_size, cfg.hidden_size + 8, device=DEVICE)
+        wide[:, : cfg.hidden_size] = w.embed_tokens
+        w.embed_tokens, name = wide[:, : cfg.hidden_size], "embed_tokens.weight"
+    else:
+        lw.post_attention_layernorm = torch.stack([lw.post_attention_layernorm] * 2, dim=1)[:, 0]
+        name = "post_attention_layernorm.weight"
+    ids, feats = random_inputs(cfg, context=6, seed=84)
+    ids, feats = ids.to(DEVICE), feats.to(DEVICE)
+    with pytest.raises(InputError, match=f"row-major.*{name}.*strides"):
+        frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)
+    with pytest.raises(InputError, match=f"row-major.*{name}"):
+        Drafter(cfg, w, backend="triton", max_batch=1, max_context=16, device=DEVICE)
+    ref = frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w)
+    if key == "o_proj":
+        lw.o_proj = lw.o_proj.contiguous()
+    elif key == "embed":
+        w.embed_tokens = w.embed_tokens.contiguous()
+    else:
+        lw.post_attention_layernorm = lw.post_attention_layernorm.contiguous()
+    _assert_same([ref], [frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)], cfg)
+
+
 def test_cache_with_strided_rows_is_refused_and_left_unchanged():
     """A draft cache whose layer storage is not contiguous (rows padded to head_dim + 1) is refused
     with an error that names the strides; the cache keeps its length and contents. A contiguous
