@@ -26,7 +26,9 @@ from frontier import Drafter, InputError, frontier_generate
 from frontier.backends.triton.fp8 import (
     BF16_BITS, FP8_DEQUANT, FP8_EXACT, PACK_WORDS, PLAIN, SWAP_DOT, StreamFormats, stream_formats,
 )
-from frontier.backends.triton.kernels.stream import _e4m3_bf16, _e4m3_words, _row_scale, _stream_split, _stream_tile
+from frontier.backends.triton.kernels.stream import (
+    _e4m3_bf16, _e4m3_words, _row_scale, _stream_split, _stream_tile, _w_chunk,
+)
 from frontier.backends.triton.launch import Launcher
 from frontier.backends.triton.tuning import Tuning
 from frontier.random_head import random_config, random_inputs, random_weights
@@ -123,8 +125,8 @@ def test_fp8_streams_draw_the_bits_of_the_dequantized_head(arch, dtype, pow2, la
         tuning = dataclasses.replace(tuning, lin_fold=1)
     form = stream_formats(q, dtype)
     # 16-bit dtypes: the swapped dot on one tile of up to 64 rows; words where no dot is swapped
-    swap = SWAP_DOT + PACK_WORDS if dtype.itemsize == 2 else 0
-    assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + swap}
+    bits = SWAP_DOT + PACK_WORDS if dtype.itemsize == 2 else 0
+    assert set(vars(form).values()) == {(FP8_EXACT if pow2 else FP8_DEQUANT) + bits}
     plain = Launcher(cfg, dtype, torch.device(DEVICE), tuning).plan(batch).const
     fp8 = Launcher(cfg, dtype, torch.device(DEVICE), tuning, form).plan(batch).const
     if launch == "wide64":  # the fp8 launch's one swapped tile against the plain launch's two
@@ -370,6 +372,47 @@ def test_gpu_integer_e4m3_to_bf16_is_exact_for_every_byte():
     _convert_kernel[(1,)](x, y, N=256)
     finite = (torch.arange(256, device="cuda") & 0x7F) != 0x7F  # 0x7F / 0xFF are NaN
     assert torch.equal(y.view(torch.int16)[finite], x.to(torch.bfloat16).view(torch.int16)[finite])
+
+
+@triton.jit
+def _chunk_kernel(w_ptr, s_ptr, y_ptr, R, ROW_STEP, K0, K_HI, KSTEP, BNS: tl.constexpr, BK: tl.constexpr,
+                  W8: tl.constexpr):
+    """``_w_chunk``'s unswapped operand [BNS, BK] at column K0 of rows ``w_ptr + r * ROW_STEP``
+    (valid below R), chunk step KSTEP (1 row-major; the slab's rows when packed), to y."""
+    rj = tl.arange(0, BNS)
+    rmask = rj < R
+    w = _w_chunk(w_ptr + rj * ROW_STEP, K0, KSTEP, rmask, K_HI, _row_scale(s_ptr, rj, rmask, W8), tl.float16, W8,
+                 BK, False)
+    tl.store(y_ptr + rj[:, None] * BK + tl.arange(0, BK)[None, :], w)
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("packed", [False, True], ids=["row-major", "packed"])
+def test_word_chunks_are_the_byte_chunks_and_stop_at_the_row_end(pow2, packed):
+    """``_w_chunk`` reading words and reading bytes gives the same fp16 operand: 20 valid rows of a
+    32-row tile, the chunk at column 256 of rows of 304 columns (k-chunks of 64: the last one
+    cut at 304), row-major or packed per chunk ([chunk, rows, 64], the padding past column 304
+    filled with e4m3 ones): the converted (power-of-two scales) or dequantized weights, and zero
+    past the rows and past the row end."""
+    g = torch.Generator().manual_seed(5)
+    rows, kd, bk, k0 = 20, 304, 64, 256
+    q, sc = quantize_fp8((torch.randn(rows, kd, generator=g) * 0.05).to(DEVICE), power_of_two=pow2)
+    if packed:  # [chunks, rows, bk], chunk c holding columns c*bk..
+        pad = torch.full((rows, 5 * bk), 0x38, dtype=torch.uint8, device=DEVICE).view(FP8)  # 0x38: 1.0
+        pad[:, :kd] = q
+        mat, row_step, kstep = pad.view(rows, 5, bk).transpose(0, 1).contiguous(), bk, rows
+    else:
+        mat, row_step, kstep = q, kd, 1
+    base = (FP8_EXACT if pow2 else FP8_DEQUANT) + SWAP_DOT
+    got = []
+    for w8 in (base + PACK_WORDS, base):
+        y = torch.full((32, bk), 7.0, dtype=torch.float16, device=DEVICE)
+        _chunk_kernel[(1,)](mat, sc, y, rows, row_step, k0, kd, kstep, BNS=32, BK=bk, W8=w8)
+        got.append(y)
+    want = torch.zeros(32, bk, dtype=torch.float16, device=DEVICE)
+    vals = q[:, k0:kd].float() * (1.0 if pow2 else sc[:, None])
+    want[:rows, : kd - k0] = vals.half()
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], want)
 
 
 @triton.jit

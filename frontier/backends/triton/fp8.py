@@ -28,8 +28,8 @@ k-chunks in the compute dtype (fc, o_proj and down) split them across the warps 
 (``kernels.stream._stream_split``) on 16-row tiles and stay folded and unswapped on wider ones.
 In a 16-bit compute dtype a stream whose rows start on 16-byte boundaries (every matrix's data and
 row length a multiple of 16 bytes; EAGLE-3's QKV also its hidden half) also adds ``PACK_WORDS``:
-where its dot is not swapped, it reads the e4m3 bytes four to an int32 word, 16 bytes per load
-(``kernels.stream._w_chunk``), for the same reason.
+where its dot is neither swapped nor folded, it reads the e4m3 bytes four to an int32 word, 16
+bytes per load (``kernels.stream._w_chunk``), for the same reason.
 
 The streams are the kernel's: fc, QKV ([q; k; v] as one matrix), o_proj, gate/up (one loop), down
 and the lm_head. The matrices of one stream share a format.
@@ -47,7 +47,7 @@ from ...weights import FP8, FP8_MAX, stamp_matches, tensors_stamp
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
 BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
 SWAP_DOT = 8  # added to an fp8 form in 16-bit dtypes: the activations first in one-tile dots of up to 64 rows
-PACK_WORDS = 16  # added to an fp8 form in 16-bit dtypes with 16-byte aligned rows: unswapped dots read int32 words
+PACK_WORDS = 16  # added to an fp8 form in 16-bit dtypes with 16-byte aligned rows: dots neither swapped nor folded read int32 words
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,14 @@ stream's dot takes the activations as its first operand (``acc^T += x @ w^T``, `
 then runs it on mma.sync with the weights read from shared memory by ldmatrix, 16 bytes at a time
 (or, on 64-row tiles, on wgmma with the converted weights stored to shared memory), rather than on
 wgmma with the converted weights as its register operand, which it gathers two bytes at a time (the
-8B gate/up at batch 1 on an H200: 33 us swapped at 32 KB stages, 49 us unswapped at its best, 16
-KB; bf16 55 us; at batch 4, one 64-row tile swapped: 60 us, 32 + 16 rows unswapped 73 us;
+8B gate/up at batch 1 on an H200: 34 us swapped at 32 KB stages, 50 us unswapped at its best; bf16
+56 us; at batch 4, one 64-row tile swapped: 62 us, 32 + 16 rows unswapped 73 us, or 60 us read as
+words (plus 16, below), which the 1B stream reverses: 24.8 against 25.3 us;
 docs/results/fp8_stream_h200.json). Two tiles are never swapped. The streams whose k-chunks fold in
 the compute dtype (FOLD > 1: fc, o_proj and down at batch 1) have slabs of 16 to 32 rows, and every
-warp of one swapped dot would read the whole activation chunk from shared memory (the 8B down: 33.0
-us swapped, 29.3 us folded): swapped, they split each k-chunk FOLD ways instead
-(``_stream_split``), one k-slice per warp (23.6 us); folded streams on wider tiles stay folded and
+warp of one swapped dot would read the whole activation chunk from shared memory (the 8B down: 35.4
+us swapped, 29.4 us folded): swapped, they split each k-chunk FOLD ways instead
+(``_stream_split``), one k-slice per warp (23.8 us); folded streams on wider tiles stay folded and
 unswapped. Plus 16 (16-bit dtypes, rows on 16-byte boundaries): unswapped, unfolded dots read the
 e4m3 bytes as int32 words (``_w_chunk``).
 ``s_ptr``: the stream's fp32 row scales, indexed by global weight row.
@@ -106,6 +107,12 @@ def _w_operand(w, sc, DT: tl.constexpr, W8: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_byte(p, shift: tl.constexpr, DT: tl.constexpr):
+    """The e4m3 byte at bit ``shift`` of each int32 word of ``p``, converted exactly to DT."""
+    return (p >> shift).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+
+
+@triton.jit
 def _e4m3_words(p, DT: tl.constexpr, W8: tl.constexpr):
     """int32 words [rows, n] of four e4m3 bytes each -> their [rows, 4n] values in DT, exactly, in
     memory order (byte j of word i is element 4i + j). With W8's ``BF16_BITS`` one ``_e4m3_bf16``
@@ -117,10 +124,10 @@ def _e4m3_words(p, DT: tl.constexpr, W8: tl.constexpr):
             asm=_E4M3_WORD_ASM, constraints="=h,=h,=h,=h,r", args=[p],
             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
     else:
-        o0 = (p & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
-        o1 = ((p >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
-        o2 = ((p >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
-        o3 = ((p >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DT)
+        o0 = _e4m3_byte(p, 0, DT)
+        o1 = _e4m3_byte(p, 8, DT)
+        o2 = _e4m3_byte(p, 16, DT)
+        o3 = _e4m3_byte(p, 24, DT)
     w = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [rows, n, 2, 2]: element 4i + 2a + b at [i, a, b]
     return tl.reshape(w, [p.shape[0], 4 * p.shape[1]])
 
