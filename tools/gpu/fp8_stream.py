@@ -1,18 +1,18 @@
 """One weight stream alone, on one program per SM: at batch 1 (10 activation rows, one 16-row
 tile), in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
 scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``), the integer
-conversion (``BF16_BITS``) and the word reads of unswapped dots (``PACK_WORDS``) - at a few stage
-sizes: the gate/up phase (``kernels.stream._ph_gateup``,
-both matrices packed per slab) and the down projection (``_ph_linear`` with the residual: bf16
-and unswapped fp8 with the k-chunks folded 4 ways, swapped fp8 unsplit and split
-``Tuning.swap_split`` ways in k-chunks of up to ``Tuning.split_bk`` columns, the launcher's
-batch-1 form); and gate/up for the tree rows of batches 2, 4 and 16 in the launcher's geometry
-of those batches (its row tiles: bf16, fp8 read as bytes and as words, and fp8 swapped where one
-tile of at most 64 rows holds them). Each stream is timed as a CUDA graph of back-to-back calls (device time, no host
-gaps) over copies of its weights that rotate so that no call finds its weights in L2.
-Prints microseconds per call and the bytes streamed per second against the device's copy
-bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream
-of the dequantized weights (identical, or off in the last bits where the dot's sums are ordered
+conversion (``BF16_BITS``) and the word reads of unswapped dots (``PACK_WORDS``) - at a few
+stage sizes: the gate/up phase (``kernels.stream._ph_gateup``, both matrices packed per slab)
+and the down projection (``_ph_linear`` with the residual: bf16 and unswapped fp8 with the
+k-chunks folded 4 ways, swapped fp8 unsplit and split ``Tuning.swap_split`` ways in k-chunks of
+up to ``Tuning.split_bk`` columns, the launcher's batch-1 form); and gate/up for the tree rows of
+batches 2, 4 and 16 in the launcher's geometry of those batches (its row tiles: bf16, fp8 read as
+bytes and as words, and fp8 swapped where one tile of at most 64 rows holds them). Each stream is
+timed as a CUDA graph of back-to-back calls (device time, no host gaps) over copies of its
+weights that rotate so that no call finds its weights in L2. Prints microseconds per call and
+the bytes streamed per second against the device's copy bandwidth
+(``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream of the
+dequantized weights (identical, or off in the last bits where the dot's sums are ordered
 differently).
 
     python tools/gpu/fp8_stream.py --json-out fp8_stream.json     # needs a CUDA GPU
