@@ -47,7 +47,7 @@ from ...weights import FP8, FP8_MAX, stamp_matches, tensors_stamp
 PLAIN, FP8_EXACT, FP8_DEQUANT = 0, 1, 2
 BF16_BITS = 4  # added to an fp8 form: convert e4m3 to bf16 with integer ops (not under the interpreter)
 SWAP_DOT = 8  # added to an fp8 form in 16-bit dtypes: the activations first in one-tile dots of up to 64 rows
-PACK_WORDS = 16  # added to an fp8 form in 16-bit dtypes with 16-byte aligned rows: dots neither swapped nor folded read int32 words
+PACK_WORDS = 16  # added in 16-bit dtypes to 16-byte aligned rows: dots neither swapped nor folded read int32 words
 
 
 @dataclass(frozen=True)
