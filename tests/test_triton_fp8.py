@@ -3,9 +3,10 @@
 An fp8 head's value is its dequantized weights (``DraftWeights.dequantized``). With the same
 k-chunks summed in the same order (the tiny heads here get the same chunking in both formats)
 the triton launch over the e4m3 bytes must equal, bit for bit, the launch over the dequantized
-weights - in both kernel forms (power-of-two scales on the accumulator; any scale dequantized in
-registers) and on every launch shape (narrow, wide split-K, unpacked, the QKV hidden half
-ahead). In 16-bit dtypes the fp8 fc / o_proj / down streams of 16-row tiles split their k-chunks
+weights (under the interpreter; on a GPU in fp32, whose IEEE dots add in k order) - in both
+kernel forms (power-of-two scales on the accumulator; any scale dequantized in registers) and
+on every launch shape (narrow, wide split-K, unpacked, the QKV hidden half ahead, two tiles whose
+e4m3 bytes are read as words). In 16-bit dtypes the fp8 fc / o_proj / down streams of 16-row tiles split their k-chunks
 where the plain ones fold them (another order of the same sums): there the launches agree to
 rounding. In fp32 the trees also equal torch_ref's on the fp8 head. GPU-only tests add bf16 and
 the real launch modes.
