@@ -6,9 +6,9 @@ the triton launch over the e4m3 bytes must equal, bit for bit, the launch over t
 weights (under the interpreter; on a GPU in fp32, whose IEEE dots add in k order) - in both
 kernel forms (power-of-two scales on the accumulator; any scale dequantized in registers) and
 on every launch shape (narrow, wide split-K, unpacked, the QKV hidden half ahead, two tiles whose
-e4m3 bytes are read as words). In 16-bit dtypes the fp8 fc / o_proj / down streams of 16-row tiles split their k-chunks
-where the plain ones fold them (another order of the same sums): there the launches agree to
-rounding. In fp32 the trees also equal torch_ref's on the fp8 head. GPU-only tests add bf16 and
+e4m3 bytes are read as words). In 16-bit dtypes the fp8 fc / o_proj / down streams of 16-row
+tiles split their k-chunks where the plain ones fold them (another order of the same sums):
+there the launches agree to rounding. In fp32 the trees also equal torch_ref's on the fp8 head. GPU-only tests add bf16 and
 the real launch modes.
 """
 
