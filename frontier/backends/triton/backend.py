@@ -172,7 +172,6 @@ class TritonBackend(Backend):
 
         from .fp8 import stream_formats
 
-        check_row_major(w)
         d = self.drafter(cfg, w.dtype, r0.device, pack, tuning, stream_formats(w, w.dtype))
         with d_lock(d):
             ws = d.run_batch(w, seqs, mode, fresh_outputs=True)
@@ -230,19 +229,6 @@ class TritonBackend(Backend):
                                                   row_parents=ws.row_par[b].clone())
             results.append(fr)
         return results
-
-
-def check_row_major(weights) -> None:
-    """An :class:`InputError` naming the first tensor of the head that is not contiguous: the
-    kernels address every weight as dense row-major storage (row r of a matrix at r times its
-    row length), so a transposed or sliced view would be read as other values. Kept per head
-    while its tensors stay the same (``DraftWeights.memo``)."""
-    bad = weights.memo(("triton_row_major",), lambda: next(
-        ((k, tuple(t.shape), t.stride()) for k, t in weights.state_dict().items() if not t.is_contiguous()), None))
-    if bad is not None:
-        key, shape, stride = bad
-        raise InputError(f"backend 'triton' reads every weight as contiguous row-major storage: {key!r} of shape "
-                         f"{list(shape)} has strides {stride}; pass a contiguous copy (tensor.contiguous())")
 
 
 def _layer_contiguous(t: torch.Tensor) -> bool:

@@ -95,13 +95,14 @@ def _exact(scale: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
-    """Each stream's format for drafting ``weights`` in ``dtype``; an :class:`InputError` when
-    the matrices of one stream mix fp8 and the compute dtype. Kept while no tensor of the head
-    changes (``DraftWeights.memo``)."""
+    """Each stream's format for drafting ``weights`` in ``dtype``; an :class:`InputError` when a
+    tensor of the head is not contiguous (the kernels address every weight as dense row-major
+    storage, row r of a matrix at r times its row length, so a transposed or sliced view would be
+    read as other values) or when the matrices of one stream mix fp8 and the compute dtype. Kept
+    while no tensor of the head changes (``DraftWeights.memo``; a refused head is checked again
+    at every call)."""
     from .plan import interpreting
 
-    if not weights.is_fp8:
-        return StreamFormats()
     bits = BF16_BITS if dtype == torch.bfloat16 and not interpreting() else 0
     if dtype.itemsize == 2:
         bits += SWAP_DOT
@@ -110,6 +111,12 @@ def stream_formats(weights, dtype: torch.dtype) -> StreamFormats:
 
 def _formats(weights, dtype: torch.dtype, bits: int) -> StreamFormats:
     state = weights.state_dict()
+    for key, t in state.items():
+        if not t.is_contiguous():
+            raise InputError(f"backend 'triton' reads every weight as contiguous row-major storage: {key!r} of shape "
+                             f"{list(t.shape)} has strides {t.stride()}; pass a contiguous copy (tensor.contiguous())")
+    if not weights.is_fp8:
+        return StreamFormats()
     out = {}
     for stream, keys in _stream_keys(weights).items():
         fp8 = [state[k].dtype == FP8 for k in keys]

@@ -31,7 +31,7 @@ class StaticTriton:
     """``Drafter.draft`` for triton: one staging launch, the step launches, one finishing launch."""
 
     def __init__(self, drafter, *, tuning=None, pack_weights: bool = True) -> None:
-        from .backend import TritonBackend, check_row_major
+        from .backend import TritonBackend
         from .tuning import Tuning
 
         cfg = drafter.cfg
@@ -45,7 +45,6 @@ class StaticTriton:
         if not isinstance(pack_weights, bool):
             raise InputError(f"option pack_weights must be True or False, got {pack_weights!r}")
         tuning = replace(TritonBackend._tuning(tuning) or Tuning(), pack_weights=pack_weights)
-        check_row_major(drafter.weights)
         self.d = drafter
         dev, bsz, r = drafter.device, drafter.max_batch, drafter.max_new_rows
         self.launcher = Launcher(cfg, drafter.dtype, dev, tuning, stream_formats(drafter.weights, drafter.dtype))
