@@ -136,10 +136,11 @@ def _formats(weights, dtype: torch.dtype, bits: int) -> StreamFormats:
 
 
 def _word_aligned(mats: list, halves: bool) -> bool:
-    """Whether every row of every (row-major) e4m3 matrix starts on a 16-byte boundary, and with
-    ``halves`` also its second half (EAGLE-3's QKV streams its hidden half on its own)."""
-    step = 32 if halves else 16
-    return all(m.data_ptr() % 16 == 0 and m.shape[1] % step == 0 for m in mats)
+    """Whether every row of every e4m3 matrix starts on a 16-byte boundary, and with ``halves``
+    also its second half (EAGLE-3's QKV streams its hidden half on its own)."""
+    from .plan import rows_aligned
+
+    return rows_aligned(mats) and not (halves and any(m.shape[1] % 32 for m in mats))
 
 
 def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from ...errors import KernelError
 from .kernels import HAS_GDC, META_W, drafter_kernel
 from .kernels.layout import CONTEXT_STEP, Phase
 from .fp8 import StreamFormats, stream_scales
-from .plan import LaunchPlanner, interpreting, pack_slabs
+from .plan import LaunchPlanner, interpreting, pack_slabs, rows_aligned
 from .schedule import build_schedule
 from .tuning import Tuning, _pow2
 from .workspace import SeqCall, Workspace
@@ -381,14 +381,9 @@ class Launcher(LaunchPlanner):
         loads aligned: vector loads in the cp.async pipeline instead of 2-byte scalars), else 1.
         True for contiguous real heads; odd test sizes may not be."""
         el_w, el = lw.q_proj.element_size(), self.dtype.itemsize
-
-        def aligned(tens, skip=0):  # every row of every tensor starts on a 16-byte boundary
-            return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-                       and all(st * t.element_size() % 16 == 0 for st in t.stride()[skip:-1]) for t in tens)
-
-        w_ok = aligned([lw.q_proj, lw.k_proj, lw.v_proj])
+        w_ok = rows_aligned([lw.q_proj, lw.k_proj, lw.v_proj])
         # the caches' layer 0 ([kv heads, max_length, head_dim]: the storage without its layer stride)
-        kv_ok = aligned(kv, skip=1)
+        kv_ok = rows_aligned(kv, skip=1)
         return dict(VEC_W=16 // el_w if w_ok else 1, VEC_KV=16 // el if kv_ok else 1)
 
     max_graphs = 32  # captured graphs kept per drafter (one per batch size x row capacity x buffers)

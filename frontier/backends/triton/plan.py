@@ -30,6 +30,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def rows_aligned(tensors, skip: int = 0) -> bool:
+    """Whether every row of every tensor starts on a 16-byte boundary: its data, and each stride
+    from dimension ``skip`` to the last but one a multiple of 16 bytes, the last stride 1."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+               and all(st * t.element_size() % 16 == 0 for st in t.stride()[skip:-1]) for t in tensors)
+
+
 def pack_slabs(w: torch.Tensor, grid: int, rp: int, bk: int) -> torch.Tensor:
     """A weight [N, Kd] packed per slab for a stream whose ``grid`` programs own RP rows each,
     read in k-chunks of BK: [grid, ceil(Kd / BK), RP, BK], program g's rows [g * RP, g * RP +
