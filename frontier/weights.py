@@ -47,16 +47,25 @@ def is_8bit_float(dtype: torch.dtype) -> bool:
 LINEAR_NAMES = "fc, q/k/v/o_proj, gate/up/down_proj, lm_head"
 
 
+def tensor_state(t: torch.Tensor) -> tuple:
+    """What derived data of a tensor depends on, besides its identity: its in-place version and
+    its storage, dtype, shape and strides (rebinding ``t.data`` moves these but not the version)."""
+    return t._version, t.data_ptr(), t.dtype, t.shape, t.stride()
+
+
 def tensors_stamp(tensors: Sequence[torch.Tensor]) -> tuple:
-    """A stamp of tensors' identity and in-place version (:func:`stamp_matches`); it holds weak
-    references, so a freed tensor whose id is reused never matches."""
-    return tuple((weakref.ref(t), t._version) for t in tensors)
+    """A stamp of tensors' identity and state (:func:`tensor_state`, checked by
+    :func:`stamp_matches`); it holds weak references, so a freed tensor whose id is reused never
+    matches."""
+    return tuple((weakref.ref(t), tensor_state(t)) for t in tensors)
 
 
 def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether ``tensors`` are the very tensors of ``stamp``, none written in place since."""
+    """Whether ``tensors`` are the very tensors of ``stamp``, none written in place nor given
+    other data (``t.data = ...``) since. (Writes through ``t.data`` itself, which move no version
+    counter, are not seen.)"""
     return (stamp is not None and len(stamp) == len(tensors)
-            and all(r() is t and v == t._version for (r, v), t in zip(stamp, tensors)))
+            and all(r() is t and s == tensor_state(t) for (r, s), t in zip(stamp, tensors)))
 
 
 def is_linear_key(key: str) -> bool:

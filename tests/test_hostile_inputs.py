@@ -142,6 +142,29 @@ def test_non_finite_weights_are_refused_naming_the_tensor(key):
         frontier_generate(CFG, feats, backend="torch_ref", input_ids=ids, weights=w)
 
 
+@pytest.mark.parametrize("backend", WEIGHTED)
+@pytest.mark.parametrize("key", ["d2t", "lm_head.weight"])
+def test_weights_given_new_data_are_checked_again(backend, key):
+    """``t.data = other`` keeps the tensor and its version counter but not its storage: the
+    checks that passed on the old data (remembered while no tensor changes) run again."""
+    dev = backend_device(backend)
+    w = random_weights(CFG, seed=5, device=dev)
+    ids, feats = random_inputs(CFG, context=5, seed=5, device=dev)
+    frontier_generate(CFG, feats, backend=backend, input_ids=ids, weights=w)  # passes, and is remembered
+    t = w.state_dict()[key]
+    bad = t.clone()
+    if key == "d2t":
+        bad[7] = 64 - 7 + 5  # target id 69 >= target_vocab_size
+        match = r"tensor 'd2t' maps draft id 7 to target id 69, outside the target vocabulary"
+    else:
+        bad.view(-1)[3] = float("inf")
+        match = re.escape(f"tensor {key!r} holds non-finite values")
+    version = t._version
+    t.data = bad
+    assert t._version == version
+    with pytest.raises(WeightsError, match=match):
+        frontier_generate(CFG, feats, backend=backend, input_ids=ids, weights=w)
+
 @pytest.mark.parametrize(
     "field,value",
     [("rope_theta", float("nan")), ("rope_theta", float("inf")), ("rope_theta", 0.0), ("rms_norm_eps", float("nan")),

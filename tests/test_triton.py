@@ -985,8 +985,8 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     same tiles in the same order, so over calls on one drafter the trees, scores and cache rows
     equal the row-major launch's bit for bit (slabs of several rows, a hidden size that no
     k-chunk divides: 30). The copies are made once and kept (``packed_bytes``) while the same
-    tensors come back unmodified; a weight changed in place is packed again (its version
-    counter), another head's weights replace them and take them along when freed, and a batch
+    tensors come back unmodified; a weight changed in place (its version counter) or given
+    other data (``.data =``) is packed again, another head's weights replace them and take them along when freed, and a batch
     whose rows need a wider tile streams the row-major weights. Small
     pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters."""
     from frontier.backends.triton.launch import Launcher, Tuning
@@ -1019,6 +1019,13 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
         assert on._packed["gate"][4] is not kept["gate"] and on._packed["lm_head"][4] is kept["lm_head"]
     finally:
         lw.gate_proj.div_(1.5)
+    before, old = on._packed["up"][4], lw.up_proj.data
+    lw.up_proj.data = old * 1.5  # other storage, the same version counter
+    try:
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+        assert on._packed["up"][4] is not before
+    finally:
+        lw.up_proj.data = old
     wide = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=16, bm_max=64)).plan(8)
     assert not wide.pack and not wide.const["PACK_W"]  # 24 tree rows: a 32-row tile
     other = random_weights(cfg, seed=seed + 2, device=DEVICE)  # another head: its own copies, freed with it
@@ -1344,6 +1351,24 @@ def test_weights_that_are_not_row_major_are_refused_by_name(key):
         w.embed_tokens = w.embed_tokens.contiguous()
     else:
         lw.post_attention_layernorm = lw.post_attention_layernorm.contiguous()
+    _assert_same([ref], [frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)], cfg)
+
+
+def test_a_weight_given_a_transposed_layout_through_data_is_refused():
+    """The look at the head's layout is kept while its tensors stay the same; ``o_proj.data =``
+    a transposed copy keeps the tensor and its version counter but not its strides, so the next
+    call looks again and refuses it by name, and contiguous data drafts what torch_ref drafts."""
+    cfg = random_config()
+    w = random_weights(cfg, seed=85, device=DEVICE)
+    ids, feats = random_inputs(cfg, context=6, seed=86)
+    ids, feats = ids.to(DEVICE), feats.to(DEVICE)
+    frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)
+    o = w.layers[0].o_proj
+    o.data = o.t().contiguous().t()
+    with pytest.raises(InputError, match="row-major.*o_proj.weight.*strides"):
+        frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)
+    o.data = o.contiguous() * 2
+    ref = frontier_generate(cfg, feats, "torch_ref", input_ids=ids, weights=w)
     _assert_same([ref], [frontier_generate(cfg, feats, "triton", input_ids=ids, weights=w)], cfg)
 
 

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ...errors import KernelError
+from ...weights import tensor_state
 from .kernels import HAS_GDC, META_W, drafter_kernel
 from .kernels.layout import CONTEXT_STEP, Phase
 from .fp8 import StreamFormats, stream_scales
@@ -84,18 +85,21 @@ class Launcher(LaunchPlanner):
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
         """The copy of weight ``w`` packed for a stream of RP rows per program in k-chunks of BK
         (``pack_slabs``), made on first use and kept per ``role`` for as long as the same
-        tensor, unmodified (its version counter), comes back with the same slab plan; anything
-        else replaces it (the old copy is freed before the new one is made), and the copy goes
-        when its source tensor is freed. (A change written through ``w.data`` does not move
-        ``w``'s version counter, so it is not seen: change weights in place on the tensor
-        itself, e.g. ``copy_`` under ``torch.no_grad()``, or draft with ``pack_weights=False``.)"""
+        tensor, unmodified (``weights.tensor_state``: its version counter, storage and layout),
+        comes back with the same slab plan; anything else replaces it (the old copy is freed
+        before the new one is made), and the copy goes when its source tensor is freed. (A write
+        through ``w.data`` itself moves no version counter, so it is not seen: change weights in
+        place on the tensor, e.g. ``copy_`` under ``torch.no_grad()``, or give it new data with
+        ``w.data = ...``, or draft with ``pack_weights=False``.)"""
         key = (role, rp, bk) if self.pin_packed else role
         e = self._packed.get(key)
-        if e is not None and e[0]() is w and e[1:4] == (w._version, rp, bk):
+        state = tensor_state(w)
+        if e is not None and e[0]() is w and e[1:4] == (state, rp, bk):
             return e[4]
-        if self.pin_packed and e is not None and e[0]() is w:  # changed in place: repacked into the same memory
+        if (self.pin_packed and e is not None and e[0]() is w and e[4].dtype == w.dtype
+                and e[4].shape == (self.grid, -(-w.shape[1] // bk), rp, bk)):  # repacked into the same memory
             e[4].copy_(pack_slabs(w, self.grid, rp, bk))
-            self._packed[key] = (e[0], w._version, rp, bk, e[4])
+            self._packed[key] = (e[0], state, rp, bk, e[4])
             return e[4]
         self._packed.pop(key, None)
         t = pack_slabs(w, self.grid, rp, bk)
@@ -105,7 +109,7 @@ class Launcher(LaunchPlanner):
             if packed.get(key, (None,))[0] is ref:
                 del packed[key]
 
-        packed[key] = (weakref.ref(w, gone), w._version, rp, bk, t)
+        packed[key] = (weakref.ref(w, gone), state, rp, bk, t)
         return t
 
     @property
