@@ -127,8 +127,9 @@ class Drafter:
     ----------
     cfg: the head's :class:`FrontierConfig` (tree shape and dimensions).
     weights: the draft head (:class:`DraftWeights` or a loaded ``DraftHead``); None for the stub.
-        Checked here, once: values written into its tensors later are drafted with, but a tensor
-        given another dtype or layout (``t.data = ...``) is not looked at again; make a new Drafter.
+        Checked here, once, and what the backend derives from it (triton: packed weight copies,
+        an fp8 head's formats) is kept, while a replay runs no host code: make a new Drafter
+        after changing the head's weights.
     backend: "triton" (GPU; the interpreter on CPU), "torch_ref" or "stub", or a plugin that
         implements ``Backend.static_drafter``.
     max_batch: slots B. max_context: committed cache rows per slot.
