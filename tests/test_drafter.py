@@ -294,6 +294,31 @@ def test_a_head_triton_cannot_run_falls_back_when_asked():
     assert d.backend == "torch_ref" and d.options == {}
 
 
+@pytest.mark.parametrize("backend", ["torch_ref", "triton"])
+def test_what_a_drafter_derives_from_an_fp8_head_outlives_the_heads_memo(backend):
+    """A Drafter's steps (and the graphs that capture them) read tensors derived from an fp8 head
+    (torch_ref: the dequantized copy; triton: the concatenated q/k/v scales) that the head keeps
+    in its memo; the Drafter holds them too, so ``clear_memo()`` frees none of them and the next
+    step drafts the same tree."""
+    import gc
+    import weakref
+
+    cfg = random_config(**CFG)
+    w = random_weights(cfg, seed=3, lm_head_scale=6.0).quantized()
+    d = Drafter(cfg, w, backend=backend, max_context=24, device="cpu")
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, cfg.target_vocab_size, (5,), generator=g)
+    d.stage(0, torch.randn(5, cfg.feature_size, generator=g), ids)
+    first = d.draft(1, commit=False).draft_tokens.clone()
+    memo = w._memo  # (the head's derived data: key -> (stamp, value))
+    derived = [memo["dequantized"][1].layers[0].q_proj] if backend == "torch_ref" else [memo["triton_qkv_scale"][1]]
+    refs = [weakref.ref(t) for t in derived]
+    del derived
+    w.clear_memo()
+    gc.collect()
+    assert all(r() is not None for r in refs)
+    assert torch.equal(d.draft(1, commit=False).draft_tokens, first)
+
 def test_a_backend_without_static_drafting_is_refused_or_falls_back():
     class Plain(frontier.Backend):
         name = "plain_for_drafter_test"

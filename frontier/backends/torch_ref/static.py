@@ -22,13 +22,19 @@ from .layer import MASKED, draft_forward
 class StaticTorchRef(StaticStep):
     """``Drafter.draft`` for torch_ref: one slot after the other, fixed shapes, no host read."""
 
+    def __init__(self, drafter) -> None:
+        super().__init__(drafter)
+        # an fp8 head's dequantized copy, made once and held here: captured graphs read it, so
+        # it must outlive the head's memo (``DraftWeights.clear_memo``, a refresh after a change)
+        self.w = drafter.weights.dequantized()
+
     def draft(self, batch: int, st) -> None:
         for b in range(batch):
             self._draft_slot(b, st.c[b], st.n[b], st.ids[b], st.root[b])
 
     def _draft_slot(self, b: int, c: torch.Tensor, n: torch.Tensor, ids: torch.Tensor, root: torch.Tensor) -> None:
         d = self.d
-        cfg, w, bufs = d.cfg, d.weights.dequantized(), d.buffers
+        cfg, w, bufs = d.cfg, self.w, d.buffers
         r, s = d.max_new_rows, d.storage_rows
         dev = d.device
         layers = range(cfg.num_layers)

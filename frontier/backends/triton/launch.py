@@ -80,6 +80,7 @@ class Launcher(LaunchPlanner):
         # captured graphs outlive a call (frontier.Drafter): then a copy is kept per (role, rp, bk)
         # and a weight changed in place is repacked into the same memory, never freed
         self.pin_packed = False
+        self._held: dict = {}  # pin_packed: the memo-owned scale tensors graphs read, by address
 
     # ------------------------------------------------------------------------------------------
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
@@ -111,6 +112,15 @@ class Launcher(LaunchPlanner):
 
         packed[key] = (weakref.ref(w, gone), state, rp, bk, t)
         return t
+
+    def _scales(self, weights, dummy: torch.Tensor) -> dict:
+        """``fp8.stream_scales``; with ``pin_packed`` (a Drafter, whose graphs outlive the call)
+        every tensor handed to a launch is also held here, so that a graph never reads memory that
+        the head's memo freed (``DraftWeights.clear_memo``)."""
+        scales = stream_scales(weights, dummy)
+        if self.pin_packed:
+            self._held.update((t.data_ptr(), t) for t in scales.values())
+        return scales
 
     @property
     def packed_bytes(self) -> int:
@@ -301,7 +311,7 @@ class Launcher(LaunchPlanner):
             ln_hid_ptr=weights.hidden_norm if weights.hidden_norm is not None else post_norm,
             ln_f_ptr=weights.norm if weights.norm is not None else post_norm,
             lm_ptr=lm_head, d2t_ptr=weights.d2t if has_d2t else dummy, cos_ptr=cos, sin_ptr=sin,
-            **stream_scales(weights, dummy),
+            **self._scales(weights, dummy),
             # inputs (packed over the batch) and the caches
             meta_ptr=meta, row_seq_ptr=row_seq, feat_ptr=ws.feat, ids_ptr=ws.ids,
             root_ptr=ws.root, kv_ptr=kv_base,
