@@ -142,6 +142,36 @@ def test_static_drafting_is_lossless(pair, backend_name, batch):
     assert len(gen._drafters) == 1
 
 
+def test_a_kept_drafter_follows_the_head_and_the_generators_head_is_fixed(pair):
+    """The Drafter kept between ``generate`` calls (which holds what it derives from the head:
+    here an fp8 head's dequantized copy) is made again after a tensor of the head changes in
+    place, so the next call drafts what a new generator with the changed head drafts; the head,
+    config, backend and options themselves cannot be swapped on a generator."""
+    target, _, _ = pair
+    cfg, w = _head(target, 12, 3, 3, seed=5)
+    w = w.quantized()
+    gen = SpeculativeGenerator(target, cfg, w, backend="torch_ref", static=True)
+    p = _prompt(34, 5)
+    gen.generate(p, max_new_tokens=4, eos_token_id=None)
+    kept = gen._drafters[False][0]
+    scale = next(t for k, t in w.scales.items() if "down_proj" in k)
+    scale.mul_(8.0)  # in place: another head, the same tensors
+    out = gen.generate(p, max_new_tokens=8, eos_token_id=None)
+    drafter = gen._drafters[False][0]
+    assert drafter is not kept  # and it drafts with the changed head's dequantized weights:
+    assert torch.equal(drafter._impl.w.layers[0].down_proj, w.dequantized().layers[0].down_proj)
+    fresh = SpeculativeGenerator(target, cfg, w, backend="torch_ref", static=True).generate(
+        p, max_new_tokens=8, eos_token_id=None)
+    assert out.stats.accepted_lengths == fresh.stats.accepted_lengths
+    assert torch.equal(out.sequences, fresh.sequences)
+    for name, value in [("weights", random_weights(cfg, seed=6)), ("cfg", cfg), ("backend", "stub"),
+                        ("draft_options", {}), ("static", False), ("padded", False)]:
+        with pytest.raises(AttributeError, match=f"SpeculativeGenerator.{name} is fixed when the generator is made"):
+            setattr(gen, name, value)
+    with pytest.raises(TypeError):
+        gen.draft_options["mode"] = "steps"
+
+
 def test_static_drafting_with_accepted_runs(pair, static_oracle):
     """Long accepted runs stage several rows per step (up to depth + 2) into the Drafter."""
     target, _, _ = pair

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
@@ -29,7 +30,7 @@ from ..drafter import Drafter, supports_static
 from ..errors import InputError, NonFiniteError
 from ..registry import get_backend
 from ..request import check_options
-from ..weights import DraftWeights
+from ..weights import DraftWeights, stamp_matches, tensors_stamp
 from .acceptance import SamplingParams, greedy_accept, greedy_accept_batch, sampling_accept, warp_logits
 from .arguments import GenerationArgs, check_draft_options, check_head_matches_target, generation_args
 from .distributed import check_tp_device, read_agreed, shared_seed, tp_group
@@ -63,11 +64,25 @@ class SpeculativeGenerator:
         (True), with one ``frontier_generate`` call per step (False), or (None, the default) the
         Drafter where it helps: the triton backend on a CUDA target, ``padded=True`` and no draft
         option but ``tuning``/``pack_weights``. The Drafter is kept between ``generate`` calls
-        (its cache sized for the longest so far).
+        (its cache sized for the longest so far), and made again when a tensor of the head was
+        written in place or given other data since.
+
+    ``cfg``, ``weights``, ``backend``, ``padded``, ``draft_options`` and ``static`` are fixed when the
+    generator is made (they were checked against the target): another head or backend takes a
+    new SpeculativeGenerator.
 
     The hooks that capture the target's features are attached for the duration of each
     :meth:`generate` call only.
     """
+
+    _FIXED = frozenset({"cfg", "weights", "backend", "padded", "draft_options", "static"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FIXED and name in self.__dict__:
+            raise AttributeError(f"SpeculativeGenerator.{name} is fixed when the generator is made (it was checked "
+                                 f"against the target, and a kept Drafter was made from it): make a new "
+                                 f"SpeculativeGenerator")
+        super().__setattr__(name, value)
 
     def __init__(
         self,
@@ -93,14 +108,15 @@ class SpeculativeGenerator:
         if not self.requires_weights:
             weights = None  # weight-free backends (the stub) take none
         self.cfg, self.weights, self.backend, self.padded = cfg, weights, backend, bool(padded)
-        self.draft_options = check_draft_options(draft_options)
-        check_options(impl, backend, self.draft_options)  # a misspelled option fails here, not mid-generation
+        self.draft_options = MappingProxyType(check_draft_options(draft_options))  # read-only
+        check_options(impl, backend, dict(self.draft_options))  # a misspelled option fails here, not mid-generation
         self.runner = TargetRunner(target, cfg.architecture)
         check_head_matches_target(cfg, weights, self.runner)
         self.tp_group = tp_group(target)  # None unless the target is tensor-parallel
         check_tp_device(self.tp_group, self.runner.device)
         self.static = self._check_static(static, impl)
-        self._drafters: dict[bool, Drafter] = {}  # static drafting: one Drafter per sampling flag, kept
+        # static drafting: one Drafter per sampling flag, kept with the stamp of the head's tensors
+        self._drafters: dict[bool, tuple[Drafter, tuple]] = {}
         self.feature_dtype = weights.dtype if weights is not None else self.runner.dtype
         self.width = min(cfg.total_token, cfg.depth + 2)  # longest accepted path: root + depth + 1
 
@@ -358,14 +374,15 @@ class SpeculativeGenerator:
         ``frontier_generate`` call per step."""
         if not self.static:
             return CallDrafts(self, sampling=sampling, max_length=max_length)
-        d = self._drafters.get(sampling)
-        if d is None or d.max_batch < batch or d.max_context < max_length:
+        d, stamp = self._drafters.get(sampling, (None, None))
+        tensors = list(self.weights.state_dict().values()) if self.weights is not None else []
+        if d is None or d.max_batch < batch or d.max_context < max_length or not stamp_matches(stamp, tensors):
             self._drafters.pop(sampling, None)  # its buffers (and captured graphs) go first
             grown = max(max_length, d.max_context if d is not None else 0)
             d = Drafter(self.cfg, self.weights, backend=self.backend, max_batch=max(batch, d.max_batch if d else 1),
                         max_context=-(-grown // 1024) * 1024, sampling=sampling, device=self.runner.device,
                         dtype=self.feature_dtype, **self.draft_options)
-            self._drafters[sampling] = d
+            self._drafters[sampling] = (d, tensors_stamp(tensors))
         on_cuda = self.runner.device.type == "cuda"
         return StaticDrafts(d, prefill_options={"check_token_range": False} if on_cuda and self.requires_weights else {})
 
