@@ -27,7 +27,7 @@ from .cache import DEFAULT_MAX_LENGTH, DraftCache
 from .config import FrontierConfig
 from .errors import BackendUnavailableError, CacheError, InputError
 from .registry import get_backend
-from .weights import DraftWeights, config_from_ea_layer
+from .weights import DraftWeights, config_from_ea_layer, stamp_matches, tensors_stamp
 
 __all__ = ["patch_ea_model_with_triton_drafter", "unpatch_ea_model", "is_patched"]
 
@@ -79,12 +79,17 @@ class _FrontierDrafter:
         self.eagle2 = not any(k.startswith("midlayer.") for k in layer.state_dict().keys())
 
     def _prepare(self, head: Any) -> None:
-        """Config and weights, built on the first call (eagle2 heads need the target's lm_head)."""
+        """Config and weights, built on the first call (eagle2 heads need the target's lm_head)
+        and again when the tree shape attributes change or any parameter or buffer of the layer
+        (and of an eagle2 head's lm_head) is replaced, given other data or written in place."""
         layer = self.layer
         eagle2 = self.eagle2
-        # Rebuilt when the head (eagle2) or the tree shape attributes change between calls.
-        key = (id(head) if eagle2 else 0, int(layer.total_tokens), int(layer.depth), int(layer.top_k))
-        if self.cfg is not None and key == self._head_key:
+        tensors = list(layer.parameters()) + list(layer.buffers())
+        if eagle2 and isinstance(head, torch.nn.Module):
+            tensors += list(head.parameters())
+        shape = (int(layer.total_tokens), int(layer.depth), int(layer.top_k))
+        if (self.cfg is not None and self._head_key is not None and self._head_key[0] == shape
+                and stamp_matches(self._head_key[1], tensors)):
             return
         lm_head = head if eagle2 else None
         self.cfg = config_from_ea_layer(
@@ -96,7 +101,7 @@ class _FrontierDrafter:
         )
         impl = get_backend(self.backend)
         self.weights = DraftWeights.from_ea_layer(layer, lm_head=lm_head) if getattr(impl, "requires_weights", False) else None
-        self._head_key = key
+        self._head_key = (shape, tensors_stamp(tensors))
 
     def __call__(self, hidden_states: torch.Tensor, input_ids: torch.Tensor, head: Any = None, logits_processor: Any = None):
         self._prepare(head)

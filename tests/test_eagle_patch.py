@@ -216,6 +216,32 @@ def test_patched_drafts_equal_frontier_generate(target):
         assert torch.equal(a, b)
 
 
+
+def test_a_patched_layer_given_another_heads_weights_drafts_with_them(target):
+    """The patch keeps the config and weights it read from the layer while the layer's tensors
+    stay the same; loading another head's weights into it (``load_state_dict(assign=True)``,
+    which replaces the parameters) or replacing one parameter makes the next draft read them."""
+    torch.manual_seed(0)  # (FakeEaLayer's embedding is drawn from the global generator)
+    model, other = _model(target, seed=1), _model(target, seed=7)
+    patch_ea_model_with_triton_drafter(model, backend="torch_ref")
+    patch_ea_model_with_triton_drafter(other, backend="torch_ref")
+    hid = torch.randn(1, 6, 3 * H, generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(3, V_T, (1, 7), generator=torch.Generator().manual_seed(3))
+
+    def draft(m):
+        m.ea_layer.reset_kv()
+        return m.ea_layer.topK_genrate(hid, ids, None, None)[0]
+
+    first, theirs = draft(model), draft(other)
+    assert not torch.equal(first, theirs)
+    model.ea_layer.load_state_dict({k: v.clone() for k, v in other.ea_layer.state_dict().items()}, assign=True)
+    assert torch.equal(draft(model), theirs)
+    neg = -other.ea_layer.lm_head.weight.detach()
+    model.ea_layer.lm_head.weight = nn.Parameter(neg.clone())
+    other.ea_layer.lm_head.weight = nn.Parameter(neg.clone())
+    changed = draft(model)
+    assert torch.equal(changed, draft(other)) and not torch.equal(changed, theirs)
+
 def test_reset_kv_sampling_order_and_unpatch(target):
     model = _model(target, seed=3)
     patch_ea_model_with_triton_drafter(model, backend="torch_ref")
