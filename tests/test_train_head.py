@@ -4,6 +4,7 @@ loads, matches frontier's torch_ref forward and drafts in frontier.generate."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -191,7 +192,8 @@ def test_real_model_benchmark_refuses_a_bad_tree():
 
 def test_smollm2_gguf_override(monkeypatch, tmp_path):
     """$FRONTIER_SMOLLM2_GGUF (what tools/gpu/real_model.sh sets) replaces the package lookup and
-    names the cached directory after the file's size."""
+    names the cached directory after the file's size and content: another file of the same size
+    is another directory."""
     from frontier.errors import FrontierError
     from frontier.models import smollm2
 
@@ -208,9 +210,12 @@ def test_smollm2_gguf_override(monkeypatch, tmp_path):
     monkeypatch.setattr(smollm2, "package_version", lambda: pytest.fail("the package must not be looked up"))
     monkeypatch.setenv("FRONTIER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(smollm2.GGUF_ENV, str(gguf))
-    assert smollm2.gguf_path() == gguf and smollm2.source_version() == "file-123"
+    version = "file-123-" + hashlib.sha256(b"x" * 123).hexdigest()[:16]
+    assert smollm2.gguf_path() == gguf and smollm2.source_version() == version
     path = smollm2.smollm2_dir()
-    assert path.name == "smollm2-135m-instruct-q4_1-file-123-float32-v1" and built == ["file-123"]
+    assert path.name == f"smollm2-135m-instruct-q4_1-{version}-float32-v1" and built == [version]
+    gguf.write_bytes(b"y" * 123)  # another file of the same size: built again, beside the first
+    assert smollm2.smollm2_dir() != path and len(built) == 2 and path.exists()
     monkeypatch.setenv(smollm2.GGUF_ENV, str(tmp_path / "missing.gguf"))
     with pytest.raises(FrontierError, match="FRONTIER_SMOLLM2_GGUF=.*missing.gguf.* is not a file"):
         smollm2.gguf_path()
