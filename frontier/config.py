@@ -53,6 +53,20 @@ _UPPER_BOUNDS = {
 }
 
 
+class _ReadOnlyDict(dict):
+    """``FrontierConfig.rope_scaling`` once validated: a dict that refuses changes (the config is
+    frozen, and its hash and every check were made from these values)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise ConfigError(f"FrontierConfig is frozen: rope_scaling={dict(self)} cannot change; use "
+                          "cfg.replace(rope_scaling=...) for a copy")
+
+    __setitem__ = __delitem__ = __ior__ = update = pop = popitem = clear = setdefault = _refuse
+
+    def __reduce__(self) -> tuple:  # copies and pickles build it whole, not key by key
+        return type(self), (dict(self),)
+
+
 class FrontierConfig(BaseModel):
     """Frozen configuration of one draft head and its tree.
 
@@ -245,6 +259,8 @@ class FrontierConfig(BaseModel):
                 )
         if problems:
             raise ValueError("; ".join(problems))
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", _ReadOnlyDict(self.rope_scaling))
         return self
 
     # ------------------------------------------------------------------------------------------

@@ -61,6 +61,26 @@ def test_frozen_and_replace():
         cfg.replace(total_token=600)
 
 
+def test_rope_scaling_is_frozen_with_the_config():
+    """rope_scaling is the one field whose value could change in place; it refuses, so the config
+    keeps the hash and the checks it was made with, and copies and pickles stay equal to it."""
+    import copy
+
+    given = {"type": "linear", "factor": 2.0}
+    cfg = FrontierConfig(**BASE, num_attention_heads=32, intermediate_size=64, rope_scaling=given)
+    given["factor"] = 0.0  # the caller's dict is not the config's
+    h = hash(cfg)
+    for change in (lambda d: d.update(factor=0.0), lambda d: d.__setitem__("type", "yarn"), lambda d: d.pop("factor"),
+                   lambda d: d.clear(), lambda d: d.setdefault("x", 1), lambda d: d.popitem(),
+                   lambda d: d.__delitem__("type")):
+        with pytest.raises(ConfigError, match=r"frozen: rope_scaling=\{'type': 'linear', 'factor': 2\.0\} cannot change"):
+            change(cfg.rope_scaling)
+    assert cfg.rope_scaling == {"type": "linear", "factor": 2.0} and hash(cfg) == h
+    assert copy.deepcopy(cfg) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg and hash(copy.copy(cfg)) == h
+    assert cfg.replace(rope_scaling={"type": "linear", "factor": 4.0}).rope_scaling_factor == 4.0
+    assert cfg.model_dump()["rope_scaling"] == {"type": "linear", "factor": 2.0}
+
+
 def test_equality_hash_and_round_trips():
     cfg = FrontierConfig(**BASE, num_attention_heads=32, num_key_value_heads=8, intermediate_size=64)
     again = FrontierConfig(**cfg.model_dump())
