@@ -35,9 +35,20 @@ class BatchDraftCache:
         if batch < 1:
             raise InputError(f"batch must be positive, got batch={batch}")
         shape = (batch, cfg.num_layers, cfg.num_key_value_heads, max_length, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [B, layers, nkv, max_len, d]
-        self.v = torch.zeros_like(self.k)
-        self._slots = [DraftCache.from_tensors(self.k[b], self.v[b]) for b in range(batch)]
+        self._k = torch.zeros(shape, dtype=dtype, device=device)  # [B, layers, nkv, max_len, d]
+        self._v = torch.zeros_like(self._k)
+        self._slots = [DraftCache.from_tensors(self._k[b], self._v[b]) for b in range(batch)]
+
+    @property
+    def k(self) -> torch.Tensor:
+        """Keys ``[B, num_layers, num_kv_heads, max_length, head_dim]``: the storage the slots view
+        (read-only attribute, like :attr:`DraftCache.k`)."""
+        return self._k
+
+    @property
+    def v(self) -> torch.Tensor:
+        """Values, same shape as :attr:`k`."""
+        return self._v
 
     def __len__(self) -> int:
         return len(self._slots)

@@ -200,6 +200,10 @@ def test_cache_storage_is_read_only_and_checked():
     cache = DraftCache(1, 2, 4, 8, dtype=torch.float32, device="cpu")
     with pytest.raises(AttributeError):
         cache.k = torch.zeros(1, 2, 2, 4)
+    batch = frontier.BatchDraftCache(CFG, 2, max_length=8, dtype=torch.float32, device="cpu")
+    for name in ("k", "v"):  # the slots view this storage: another tensor there would leave them behind
+        with pytest.raises(AttributeError):
+            setattr(batch, name, torch.zeros(2, 1, 2, 16, 8))
     with pytest.raises(CacheError, match=r"length must lie in \[0, max_length=3\], got length=4"):
         DraftCache.from_tensors(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), length=4)
     with pytest.raises(CacheError, match=r"new_length must be an int"):
