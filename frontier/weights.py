@@ -113,8 +113,10 @@ def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.T
     the same bits. An all-zero row gets scale 1; a value that rounds up past ``w.dtype``'s
     largest finite value once scaled back is rounded toward zero instead. A weight with NaN
     or Inf is a :class:`WeightsError`. Row blocks at a time (no fp32 copy of the whole matrix)."""
+    if not w.dtype.is_floating_point or is_8bit_float(w.dtype):
+        raise WeightsError(f"quantize_fp8 takes a float32, float16 or bfloat16 weight, got {w.dtype}")
     w = w.detach()
-    limit = torch.finfo(w.dtype).max if w.dtype.is_floating_point else float("inf")
+    limit = torch.finfo(w.dtype).max
     q = torch.empty(w.shape, dtype=FP8, device=w.device)
     scales = []
     tiny = torch.finfo(torch.float32).tiny  # (a row of subnormal values keeps a normal, non-zero scale)
@@ -253,7 +255,7 @@ class DraftWeights:
         state = {k: v for k, v in self.tensors()}
         for key, s in self.scales.items():
             state[key] = dequantize_fp8(state[key], s, self.dtype)
-        return DraftWeights.from_state_dict(state, architecture=self.architecture, where="dequantized weights")
+        return DraftWeights.from_state_dict(state)  # (this head's keys: the same architecture)
 
     def quantized(self, *, power_of_two: bool = True) -> "DraftWeights":
         """A copy with every linear weight in fp8 (:func:`quantize_fp8`, one scale per output
@@ -266,7 +268,7 @@ class DraftWeights:
                     state[key], scales[key] = quantize_fp8(t, power_of_two=power_of_two)
                 except WeightsError as exc:
                     raise WeightsError(f"quantized: tensor {key!r}: {exc}") from None
-        out = DraftWeights.from_state_dict(state, architecture=self.architecture, where="quantized weights")
+        out = DraftWeights.from_state_dict(state)  # (this head's keys: the same architecture)
         out.scales = scales
         return out
 

@@ -526,3 +526,99 @@ def test_scales_stored_as_a_column_load_as_one_per_output_channel(tmp_path, fmt)
     head = load_draft_head(tmp_path)
     for key, s in q.scales.items():
         assert torch.equal(head.weights.scales[key], s)
+
+
+def test_derived_data_and_value_checks_are_kept_until_a_tensor_changes():
+    """``DraftWeights.memo`` and the remembered value check are reused while every tensor of the
+    head is the same object in the same state, and made again when one is written in place, given
+    other data (``.data =``), replaced by another tensor, or (the value check) asked about another
+    target vocabulary."""
+    cfg = head_cfg()
+    w = _weights(cfg).quantized()
+    calls = []
+
+    def make():
+        calls.append(1)
+        return len(calls)
+
+    vt = cfg.target_vocab_size
+    w.check_values(vt)  # (no state dict given: the head's own)
+    seen = w._values_ok
+    assert w.memo("k", make) == 1 and w.memo("k", make) == 1
+    assert w.check_values(vt) is w and w._values_ok is seen
+    w.check_values(vt + 1)
+    assert w._values_ok is not seen and w._values_ok[0] == vt + 1
+    changes = [
+        lambda: w.embed_tokens.mul_(1.0),  # in place: a new version, the same values
+        lambda: setattr(w.embed_tokens, "data", w.embed_tokens.detach().clone()),  # other storage
+        lambda: setattr(w.layers[0], "o_proj", w.layers[0].o_proj.clone()),  # another tensor
+        lambda: setattr(w.scales[next(iter(w.scales))], "data", w.scales[next(iter(w.scales))].clone()),  # a scale
+    ]
+    for n, change in enumerate(changes, start=2):
+        seen = w._values_ok
+        with torch.no_grad():
+            change()
+        assert w.memo("k", make) == n and w.memo("k", make) == n
+        w.check_values(vt + 1)
+        assert w._values_ok is not seen
+    w.clear_memo()
+    assert w.memo("k", make) == len(changes) + 2
+
+
+def test_a_scale_at_the_activation_dtypes_limit_is_accepted():
+    """The largest scale whose products with every e4m3 value stay finite in the activation dtype
+    (its largest value / 448) is accepted; the next larger float32 is refused, naming its row."""
+    cfg = head_cfg()
+    q = _weights(cfg, dtype=torch.float16).quantized()
+    limit = torch.finfo(torch.float16).max / FP8_MAX
+    s = q.scales["fc.weight"]
+    s[3] = limit
+    assert float(s[3]) <= limit  # (float32 rounding kept it within the limit)
+    q.validate(cfg)
+    s[5] = torch.nextafter(s[3], torch.tensor(float("inf")))
+    with pytest.raises(WeightsError, match=r"^weights: fp8 scale 'fc.weight_scale' row 5 .*finite in torch.float16"):
+        q.check_values(cfg.target_vocab_size)  # (the first bad row is named, not row 3 at the limit)
+
+
+def test_quantized_keeps_any_scale_when_asked():
+    """``quantized(power_of_two=False)``: each row's scale is its largest magnitude / 448, not
+    rounded up to a power of two (the loader's default), and the head dequantizes close to the
+    original weights."""
+    cfg = head_cfg()
+    w = _weights(cfg, dtype=torch.float32)
+    exact, free = w.quantized(), w.quantized(power_of_two=False)
+    s_exact, s_free = exact.scales["fc.weight"], free.scales["fc.weight"]
+    assert torch.equal(torch.exp2(torch.log2(s_exact).round()), s_exact)
+    assert not torch.equal(torch.exp2(torch.log2(s_free).round()), s_free)
+    assert torch.allclose(s_free, w.fc_weight.abs().amax(dim=1) / FP8_MAX)
+
+
+def test_dequantize_fp8_makes_its_output_on_the_weights_device():
+    q = torch.zeros(4, 8, dtype=FP8, device="meta")
+    assert dequantize_fp8(q, torch.ones(4, device="meta"), torch.bfloat16).device.type == "meta"
+
+
+def test_quantizing_the_largest_float32_keeps_it():
+    """A scale that is not a power of two can bring 448 * scale back to exactly the dtype's
+    largest value: that is in range, so the e4m3 value stays 448 (only values past it step down)."""
+    big = torch.finfo(torch.float32).max
+    q, s = quantize_fp8(torch.tensor([[big, 1.0]]), power_of_two=False)
+    assert float(q[0, 0].float()) == FP8_MAX
+    assert float(dequantize_fp8(q, s, torch.float32)[0, 0]) == big
+
+
+def test_row_blocks_cover_every_row_once_within_the_element_budget():
+    """quantize_fp8 / dequantize_fp8 convert in row blocks of at most ``_CHUNK_ELEMS`` elements
+    (at least one row), so no fp32 copy of a whole matrix is made."""
+    from frontier.weights import _CHUNK_ELEMS, _row_chunks
+
+    for n_rows, n_cols in [(_CHUNK_ELEMS, 1), (7, _CHUNK_ELEMS), (3, 2 * _CHUNK_ELEMS), (9, _CHUNK_ELEMS // 4 + 1)]:
+        blocks = list(_row_chunks(n_rows, n_cols))
+        step = max(1, _CHUNK_ELEMS // n_cols)
+        assert [(b.start, b.stop) for b in blocks] == [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float8_e4m3fn])
+def test_quantize_fp8_refuses_weights_that_are_not_16_or_32_bit_floats(dtype):
+    with pytest.raises(WeightsError, match=rf"quantize_fp8 takes a float32, float16 or bfloat16 weight, got {dtype}"):
+        quantize_fp8(torch.zeros(2, 4).to(dtype))

@@ -215,13 +215,15 @@ def test_cache_storage_is_read_only_and_checked():
 
 
 @pytest.mark.parametrize("backend", WEIGHTED)
-@pytest.mark.parametrize("offset", [-1, 64])  # target ids -1 and >= target_vocab_size
-def test_d2t_leaving_the_target_vocabulary_is_refused(backend, offset):
+@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "fp8"])
+@pytest.mark.parametrize("offset", [-1, 64, 69])  # target ids -1, target_vocab_size and past it
+def test_d2t_leaving_the_target_vocabulary_is_refused(backend, offset, fp8):
     dev = backend_device(backend)
     w = random_weights(CFG, seed=4, device=dev)
+    w = w.quantized() if fp8 else w  # (an fp8 head's scales are checked beside d2t)
     w.d2t = w.d2t.clone()
     j = 7
-    w.d2t[j] = offset - j if offset < 0 else offset - j + 5
+    w.d2t[j] = offset - j
     ids, feats = random_inputs(CFG, context=5, seed=4, device=dev)
     with pytest.raises(WeightsError, match=rf"tensor 'd2t' maps draft id {j} to target id -?\d+, outside the target "
                                            r"vocabulary \[0, target_vocab_size=64\)"):

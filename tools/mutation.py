@@ -59,6 +59,13 @@ MODULES: dict[str, tuple[list[str], list[str] | None]] = {
                             ["x__rope_from_config*", "x__dims_from_config*", "xǁHeadDimsǁ*"]),
     "loading.plan": (["tests/test_loading.py", "-k", "raise_problems or weight_of"],
                      ["x__raise_problems*", "x__weight_of*"]),
+    # The head's fp8 side and its remembered results: quantizing, dequantizing, the scales' keys,
+    # the value checks and the stamps that decide when a remembered check or derived copy is stale.
+    "weights": (["tests/test_fp8_loading.py", "tests/test_hostile_inputs.py", "-k", "not triton"],
+                ["x_tensor_state*", "x_tensors_stamp*", "x_stamp_matches*", "x_scale_key*", "x_scale_owner*",
+                 "x__row_chunks*", "x_dequantize_fp8*", "x_quantize_fp8*", "x_fp8_nan*", "xǁDraftWeightsǁmemo*",
+                 "xǁDraftWeightsǁdequantized*", "xǁDraftWeightsǁ_dequantize*", "xǁDraftWeightsǁquantized*",
+                 "xǁDraftWeightsǁcheck_values*"]),
 }
 
 # ----------------------------------------------------------------------------------------------
