@@ -270,7 +270,7 @@ def bench_backend(
         split["steps"] += s.verify_steps
     per_step = {f"{k}_ms_per_step": 1e3 * split[k] / max(split["steps"], 1) for k in ("draft", "verify", "other")}
     if gen.static and device.type == "cuda":  # the loop's Drafter: its captured step alone, as a replay
-        drafter = gen._drafters[False]
+        drafter = gen._drafters[False][0]
         per_step["captured_ms"] = frontier.bench.time_calls(lambda: drafter.replay(1, commit=False), reps=50)
     return {
         "name": f"frontier {backend}", "tree": "/".join(map(str, tree)), "weights": weights_name,

@@ -87,7 +87,9 @@ class _FrontierDrafter:
         tensors = list(layer.parameters()) + list(layer.buffers())
         if eagle2 and isinstance(head, torch.nn.Module):
             tensors += list(head.parameters())
-        shape = (int(layer.total_tokens), int(layer.depth), int(layer.top_k))
+        elif eagle2 and isinstance(head, torch.Tensor):
+            tensors.append(head)
+        shape = (int(layer.total_tokens), int(layer.depth), int(layer.top_k), eagle2 and head is None)
         if (self.cfg is not None and self._head_key is not None and self._head_key[0] == shape
                 and stamp_matches(self._head_key[1], tensors)):
             return

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .config import FrontierConfig, config_from_ea_layer, detect_architecture
 from .errors import WeightsError
@@ -55,17 +56,19 @@ def tensor_state(t: torch.Tensor) -> tuple:
 
 def tensors_stamp(tensors: Sequence[torch.Tensor]) -> tuple:
     """A stamp of tensors' identity and state (:func:`tensor_state`, checked by
-    :func:`stamp_matches`); it holds weak references, so a freed tensor whose id is reused never
+    :func:`stamp_matches`). It holds weak references to the tensors and their storages, so a
+    freed tensor whose id is reused, or freed storage whose address new data reuses, never
     matches."""
-    return tuple((weakref.ref(t), tensor_state(t)) for t in tensors)
+    return tuple((weakref.ref(t), StorageWeakRef(t.untyped_storage()), tensor_state(t)) for t in tensors)
 
 
 def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether ``tensors`` are the very tensors of ``stamp``, none written in place nor given
-    other data (``t.data = ...``) since. (Writes through ``t.data`` itself, which move no version
-    counter, are not seen.)"""
+    """Whether ``tensors`` are the very tensors of ``stamp``, on the same storage, none written in
+    place nor given other data (``t.data = ...``) since. (Writes through ``t.data`` itself, which
+    move no version counter, are not seen.)"""
     return (stamp is not None and len(stamp) == len(tensors)
-            and all(r() is t and s == tensor_state(t) for (r, s), t in zip(stamp, tensors)))
+            and all(r() is t and not st.expired() and st.cdata == t.untyped_storage()._cdata
+                    and s == tensor_state(t) for (r, st, s), t in zip(stamp, tensors)))
 
 
 def is_linear_key(key: str) -> bool:
@@ -113,7 +116,7 @@ def quantize_fp8(w: torch.Tensor, *, power_of_two: bool = True) -> tuple[torch.T
     the same bits. An all-zero row gets scale 1; a value that rounds up past ``w.dtype``'s
     largest finite value once scaled back is rounded toward zero instead. A weight with NaN
     or Inf is a :class:`WeightsError`. Row blocks at a time (no fp32 copy of the whole matrix)."""
-    if not w.dtype.is_floating_point or is_8bit_float(w.dtype):
+    if w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise WeightsError(f"quantize_fp8 takes a float32, float16 or bfloat16 weight, got {w.dtype}")
     w = w.detach()
     limit = torch.finfo(w.dtype).max

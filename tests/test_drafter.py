@@ -319,6 +319,7 @@ def test_what_a_drafter_derives_from_an_fp8_head_outlives_the_heads_memo(backend
     assert all(r() is not None for r in refs)
     assert torch.equal(d.draft(1, commit=False).draft_tokens, first)
 
+
 def test_a_backend_without_static_drafting_is_refused_or_falls_back():
     class Plain(frontier.Backend):
         name = "plain_for_drafter_test"

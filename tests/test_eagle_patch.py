@@ -216,7 +216,6 @@ def test_patched_drafts_equal_frontier_generate(target):
         assert torch.equal(a, b)
 
 
-
 def test_a_patched_layer_given_another_heads_weights_drafts_with_them(target):
     """The patch keeps the config and weights it read from the layer while the layer's tensors
     stay the same; loading another head's weights into it (``load_state_dict(assign=True)``,
@@ -241,6 +240,7 @@ def test_a_patched_layer_given_another_heads_weights_drafts_with_them(target):
     other.ea_layer.lm_head.weight = nn.Parameter(neg.clone())
     changed = draft(model)
     assert torch.equal(changed, draft(other)) and not torch.equal(changed, theirs)
+
 
 def test_reset_kv_sampling_order_and_unpatch(target):
     model = _model(target, seed=3)

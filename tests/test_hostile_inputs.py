@@ -165,6 +165,7 @@ def test_weights_given_new_data_are_checked_again(backend, key):
     with pytest.raises(WeightsError, match=match):
         frontier_generate(CFG, feats, backend=backend, input_ids=ids, weights=w)
 
+
 @pytest.mark.parametrize(
     "field,value",
     [("rope_theta", float("nan")), ("rope_theta", float("inf")), ("rope_theta", 0.0), ("rms_norm_eps", float("nan")),

@@ -9,6 +9,7 @@ random generators) into a checked :class:`GenerationArgs`. Every failure is an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -262,11 +263,11 @@ def _as_id_set(x: Any, name: str) -> set[int]:
 
 
 def check_draft_options(options: Any) -> dict[str, Any]:
-    """``draft_options``: None or a dict of backend options keyed by str, none of them an
-    argument the loop sets itself (InputError otherwise)."""
+    """``draft_options``: None or a dict (any mapping) of backend options keyed by str, none of
+    them an argument the loop sets itself (InputError otherwise); a plain dict copy."""
     if options is None:
         return {}
-    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
         raise InputError(f"draft_options must be a dict of backend options keyed by str, got {options!r}")
     taken = sorted(k for k in options if k in LOOP_DRAFT_ARGS)
     if taken:

@@ -377,9 +377,11 @@ class SpeculativeGenerator:
         d, stamp = self._drafters.get(sampling, (None, None))
         tensors = list(self.weights.state_dict().values()) if self.weights is not None else []
         if d is None or d.max_batch < batch or d.max_context < max_length or not stamp_matches(stamp, tensors):
+            had_batch, had_context = (d.max_batch, d.max_context) if d is not None else (1, 0)
+            d = None
             self._drafters.pop(sampling, None)  # its buffers (and captured graphs) go first
-            grown = max(max_length, d.max_context if d is not None else 0)
-            d = Drafter(self.cfg, self.weights, backend=self.backend, max_batch=max(batch, d.max_batch if d else 1),
+            grown = max(max_length, had_context)
+            d = Drafter(self.cfg, self.weights, backend=self.backend, max_batch=max(batch, had_batch),
                         max_context=-(-grown // 1024) * 1024, sampling=sampling, device=self.runner.device,
                         dtype=self.feature_dtype, **self.draft_options)
             self._drafters[sampling] = (d, tensors_stamp(tensors))

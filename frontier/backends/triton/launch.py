@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ...errors import KernelError
-from ...weights import tensor_state
+from ...weights import stamp_matches, tensors_stamp
 from .kernels import HAS_GDC, META_W, drafter_kernel
 from .kernels.layout import CONTEXT_STEP, Phase
 from .fp8 import StreamFormats, stream_scales
@@ -76,33 +76,36 @@ class Launcher(LaunchPlanner):
         self.graph_error: Optional[str] = None  # why capturing a persistent launch failed (then never retried)
         self._graph_outs: dict = {}
         self._two_fit: dict = {}  # whether two programs of a step build fit on one SM, by build
-        self._packed: dict = {}  # Tuning.pack_weights: role -> (source ref, its version, rp, bk, packed copy)
-        # captured graphs outlive a call (frontier.Drafter): then a copy is kept per (role, rp, bk)
-        # and a weight changed in place is repacked into the same memory, never freed
+        self._packed: dict = {}  # Tuning.pack_weights: role -> (source ref, its stamp, rp, bk, packed copy)
+        # captured graphs outlive a call (frontier.Drafter): then a copy is kept per (role, rp, bk),
+        # a weight changed in place is repacked into the same memory, and no copy a graph may
+        # read is freed
         self.pin_packed = False
-        self._held: dict = {}  # pin_packed: the memo-owned scale tensors graphs read, by address
+        self._held: dict = {}  # pin_packed: tensors graphs may read that nothing else keeps, by address
 
     # ------------------------------------------------------------------------------------------
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
         """The copy of weight ``w`` packed for a stream of RP rows per program in k-chunks of BK
         (``pack_slabs``), made on first use and kept per ``role`` for as long as the same
-        tensor, unmodified (``weights.tensor_state``: its version counter, storage and layout),
+        tensor, unmodified (``weights.stamp_matches``: its version counter, storage and layout),
         comes back with the same slab plan; anything else replaces it (the old copy is freed
-        before the new one is made), and the copy goes when its source tensor is freed. (A write
+        before the new one is made, but under a Drafter, whose graphs may read it, it is held),
+        and the copy goes when its source tensor is freed. (A write
         through ``w.data`` itself moves no version counter, so it is not seen: change weights in
         place on the tensor, e.g. ``copy_`` under ``torch.no_grad()``, or give it new data with
         ``w.data = ...``, or draft with ``pack_weights=False``.)"""
         key = (role, rp, bk) if self.pin_packed else role
         e = self._packed.get(key)
-        state = tensor_state(w)
-        if e is not None and e[0]() is w and e[1:4] == (state, rp, bk):
+        if e is not None and e[2:4] == (rp, bk) and stamp_matches(e[1], [w]):
             return e[4]
         if (self.pin_packed and e is not None and e[0]() is w and e[4].dtype == w.dtype
                 and e[4].shape == (self.grid, -(-w.shape[1] // bk), rp, bk)):  # repacked into the same memory
             e[4].copy_(pack_slabs(w, self.grid, rp, bk))
-            self._packed[key] = (e[0], state, rp, bk, e[4])
+            self._packed[key] = (e[0], tensors_stamp([w]), rp, bk, e[4])
             return e[4]
-        self._packed.pop(key, None)
+        old = self._packed.pop(key, None)
+        if self.pin_packed and old is not None:
+            self._held[old[4].data_ptr()] = old[4]
         t = pack_slabs(w, self.grid, rp, bk)
         packed = self._packed
 
@@ -110,7 +113,7 @@ class Launcher(LaunchPlanner):
             if packed.get(key, (None,))[0] is ref:
                 del packed[key]
 
-        packed[key] = (weakref.ref(w, gone), state, rp, bk, t)
+        packed[key] = (weakref.ref(w, gone), tensors_stamp([w]), rp, bk, t)
         return t
 
     def _scales(self, weights, dummy: torch.Tensor) -> dict:
