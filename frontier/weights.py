@@ -49,26 +49,30 @@ LINEAR_NAMES = "fc, q/k/v/o_proj, gate/up/down_proj, lm_head"
 
 
 def tensor_state(t: torch.Tensor) -> tuple:
-    """What derived data of a tensor depends on, besides its identity: its in-place version and
-    its storage, dtype, shape and strides (rebinding ``t.data`` moves these but not the version)."""
-    return t._version, t.data_ptr(), t.dtype, t.shape, t.stride()
+    """What derived data of a tensor depends on, besides its identity: its in-place version, its
+    storage (the storage object's address), data pointer, dtype, shape and strides (rebinding
+    ``t.data`` moves these but not the version)."""
+    return t._version, t.untyped_storage()._cdata, t.data_ptr(), t.dtype, t.shape, t.stride()
 
 
 def tensors_stamp(tensors: Sequence[torch.Tensor]) -> tuple:
     """A stamp of tensors' identity and state (:func:`tensor_state`, checked by
-    :func:`stamp_matches`). It holds weak references to the tensors and their storages, so a
-    freed tensor whose id is reused, or freed storage whose address new data reuses, never
-    matches."""
-    return tuple((weakref.ref(t), StorageWeakRef(t.untyped_storage()), tensor_state(t)) for t in tensors)
+    :func:`stamp_matches`). It holds weak references to the tensors, so a freed tensor whose id
+    is reused never matches, and to their storages, which keeps a freed storage's address from
+    being taken by another storage while the stamp lives."""
+    return (tuple(map(weakref.ref, tensors)), tuple(StorageWeakRef(t.untyped_storage()) for t in tensors),
+            [tensor_state(t) for t in tensors])
 
 
 def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether ``tensors`` are the very tensors of ``stamp``, on the same storage, none written in
-    place nor given other data (``t.data = ...``) since. (Writes through ``t.data`` itself, which
-    move no version counter, are not seen.)"""
-    return (stamp is not None and len(stamp) == len(tensors)
-            and all(r() is t and not st.expired() and st.cdata == t.untyped_storage()._cdata
-                    and s == tensor_state(t) for (r, st, s), t in zip(stamp, tensors)))
+    """Whether ``tensors`` are the very tensors of ``stamp``, on the same storages, none written
+    in place nor given other data (``t.data = ...``) since. (Writes through ``t.data`` itself,
+    which move no version counter, are not seen.)"""
+    if stamp is None or len(stamp[0]) != len(tensors):
+        return False
+    refs, _, states = stamp
+    return all(r() is t for r, t in zip(refs, tensors)) and states == [
+        (t._version, t.untyped_storage()._cdata, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors]
 
 
 def is_linear_key(key: str) -> bool:

@@ -633,6 +633,10 @@ def test_a_stamp_never_matches_new_data_at_a_freed_storages_address():
     storages over one buffer stand for the allocator handing the same block out twice.)"""
     from frontier.weights import stamp_matches, tensors_stamp
 
+    a, b = torch.zeros(3), torch.zeros(3)
+    assert stamp_matches(tensors_stamp([a, b]), [a, b])
+    assert not stamp_matches(None, [a]) and not stamp_matches(tensors_stamp([a]), [a, b])
+    assert not stamp_matches(tensors_stamp([a, b]), [b, a])
     block = bytearray(4 * 64)
     t = torch.zeros(64)
     t.data = torch.frombuffer(block, dtype=torch.float32)
