@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import frontier
-from frontier import BackendUnavailableError, DraftCache, InputError
+from frontier import BackendUnavailableError, DraftCache, InputError, frontier_generate
 from frontier.eagle_patch import is_patched, patch_ea_model_with_triton_drafter, unpatch_ea_model
 from frontier.generation import generate, random_pair
 from frontier.registry import Backend, register_backend, unregister_backend
@@ -240,6 +240,36 @@ def test_a_patched_layer_given_another_heads_weights_drafts_with_them(target):
     other.ea_layer.lm_head.weight = nn.Parameter(neg.clone())
     changed = draft(model)
     assert torch.equal(changed, draft(other)) and not torch.equal(changed, theirs)
+
+
+def test_an_eagle2_layer_drafts_with_the_head_tensor_it_is_given():
+    """EAGLE-2 heads take the target's lm_head from the caller (``head``), here as a tensor: a call
+    with another head tensor drafts with that one, as frontier_generate does with it."""
+    from eagle_module import eagle_style_module
+    from frontier.random_head import random_config, random_inputs, random_weights
+
+    cfg = random_config(architecture="eagle2", total_token=12, depth=3, top_k=3, vocab_size=60, hidden_size=32,
+                        num_attention_heads=4, num_key_value_heads=2, intermediate_size=48)
+    w = random_weights(cfg, seed=1, lm_head_scale=6.0)
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, rope_theta=cfg.rope_theta,
+                             rms_norm_eps=cfg.rms_norm_eps, rope_scaling=None)
+    layer = eagle_style_module({k: v for k, v in w.state_dict().items() if k != "lm_head.weight"}, config)
+    layer.layers = nn.ModuleList([layer.layers._modules["0"]])
+    layer.total_tokens, layer.depth, layer.top_k, layer.stable_kv = cfg.total_token - 1, cfg.depth, cfg.top_k, None
+    layer.reset_kv = lambda: setattr(layer, "stable_kv", None)
+    model = nn.Module()
+    model.ea_layer = layer
+    patch_ea_model_with_triton_drafter(model, backend="torch_ref")
+    ids, feats = random_inputs(cfg, context=6, seed=2)
+
+    def draft(head):
+        layer.reset_kv()
+        return layer.topK_genrate(feats, ids, head, None)[0]
+
+    first = draft(-w.lm_head)
+    ours = draft(w.lm_head.clone())
+    ref = frontier_generate(cfg, feats, backend="torch_ref", input_ids=ids, weights=w)
+    assert torch.equal(ours, ref.draft_tokens) and not torch.equal(ours, first)
 
 
 def test_reset_kv_sampling_order_and_unpatch(target):
