@@ -61,7 +61,7 @@ def tensors_stamp(tensors: Sequence[torch.Tensor]) -> tuple:
     is reused never matches, and to their storages, which keeps a freed storage's address from
     being taken by another storage while the stamp lives."""
     return (tuple(map(weakref.ref, tensors)), tuple(StorageWeakRef(t.untyped_storage()) for t in tensors),
-            [tensor_state(t) for t in tensors])
+            list(map(tensor_state, tensors)))
 
 
 def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bool:
@@ -71,8 +71,7 @@ def stamp_matches(stamp: Optional[tuple], tensors: Sequence[torch.Tensor]) -> bo
     if stamp is None or len(stamp[0]) != len(tensors):
         return False
     refs, _, states = stamp
-    return all(r() is t for r, t in zip(refs, tensors)) and states == [
-        (t._version, t.untyped_storage()._cdata, t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors]
+    return all(r() is t for r, t in zip(refs, tensors)) and states == list(map(tensor_state, tensors))
 
 
 def is_linear_key(key: str) -> bool:
