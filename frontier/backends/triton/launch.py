@@ -90,10 +90,10 @@ class Launcher(LaunchPlanner):
         tensor, unmodified (``weights.stamp_matches``: its version counter, storage and layout),
         comes back with the same slab plan; anything else replaces it (the old copy is freed
         before the new one is made, but under a Drafter, whose graphs may read it, it is held),
-        and the copy goes when its source tensor is freed. (A write
-        through ``w.data`` itself moves no version counter, so it is not seen: change weights in
-        place on the tensor, e.g. ``copy_`` under ``torch.no_grad()``, or give it new data with
-        ``w.data = ...``, or draft with ``pack_weights=False``.)"""
+        and the copy goes when its source tensor is freed. (A write through ``w.data`` itself
+        moves no version counter, so it is not seen: change weights in place on the tensor, e.g.
+        ``copy_`` under ``torch.no_grad()``, or give it new data with ``w.data = ...``, or draft
+        with ``pack_weights=False``.)"""
         key = (role, rp, bk) if self.pin_packed else role
         e = self._packed.get(key)
         if e is not None and e[2:4] == (rp, bk) and stamp_matches(e[1], [w]):
