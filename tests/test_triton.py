@@ -219,6 +219,29 @@ def test_gpu_fp32_medium_head_matches(seed, arch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("mode", ["graph", "persistent"])
+def test_gpu_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(fp8, mode):
+    """Compiled, in bf16 (an fp8 head: the table made by the swapped fp8 stream), a launch that
+    reads the embedding-QKV table drafts the bits of one that streams the embedding half, over
+    three calls (graph mode: launched, captured, replayed)."""
+    from frontier.backends.triton.fp8 import stream_formats
+    from frontier.backends.triton.launch import Launcher, Tuning
+
+    cfg = _medium_config("eagle3")
+    w = random_weights(cfg, seed=3, device="cuda", dtype=torch.bfloat16, lm_head_scale=6.0)
+    if fp8:
+        w = w.quantized(power_of_two=False)
+    form = stream_formats(w, torch.bfloat16)
+    seqs, _ = _ragged(cfg, 4, batch=1, lo=5, hi=12)
+    on = Launcher(cfg, torch.bfloat16, torch.device("cuda"), Tuning(), form)
+    off = Launcher(cfg, torch.bfloat16, torch.device("cuda"), Tuning(emb_table_mb=0), form)
+    assert on.plan(1).tab and not off.plan(1).tab
+    for call in range(3):
+        _assert_same_bits(_launch_on(on, cfg, w, seqs, mode), _launch_on(off, cfg, w, seqs, mode))
+
+
+@pytest.mark.gpu
 def test_gpu_barrier_timeout_raises_and_keeps_cache(monkeypatch):
     cfg = random_config()
     w = random_weights(cfg, seed=1, device="cuda")
@@ -935,7 +958,7 @@ def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed)
     launch with SELECT's own phase (``BM=8``: no tile fits, so neither runs) - one sequence and
     ragged batches, each program merging one row (12 programs) or several, whose last may come
     from any program (2 and 5) - and each sequence's count of merged rows is back at 0 after
-    every call."""
+    every call. (Without the embedding-QKV table, so that only SELECT's entries differ.)"""
     from frontier.backends.triton.kernels import Phase
     from frontier.backends.triton.launch import Launcher, Tuning
 
@@ -943,7 +966,7 @@ def test_select_in_merge_drafts_what_select_of_its_own_drafts(batch, grid, seed)
                         num_attention_heads=4, num_key_value_heads=2)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
-    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, **NARROW32))
+    on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, emb_table_mb=0, **NARROW32))
     off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(grid=grid, BM=8))
     assert on.plan(batch).sel and on.plan(batch).const["SEL_MG"] and not off.plan(batch).const["SEL_MG"]
     for call in range(3):
@@ -988,7 +1011,8 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     tensors come back unmodified; a weight changed in place (its version counter) or given
     other data (``.data =``) is packed again, another head's weights replace them and take them along when freed, and a batch
     whose rows need a wider tile streams the row-major weights. Small
-    pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters."""
+    pipeline stages make every row two or more k-chunks, so a chunk's place in the copy matters.
+    (Without the embedding-QKV table, which ``packed_bytes`` counts too.)"""
     from frontier.backends.triton.launch import Launcher, Tuning
     from frontier.backends.triton.plan import pack_slabs
 
@@ -998,7 +1022,7 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
                         num_key_value_heads=2 if hidden % 4 == 0 else 1, **over)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, device=DEVICE)
     seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
-    small = dict(grid=grid, stage_bytes=1024)  # k-chunks of 16 columns: two or more per row
+    small = dict(grid=grid, stage_bytes=1024, emb_table_mb=0)  # k-chunks of 16 columns: two or more per row
     on = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(**small))
     off = Launcher(cfg, w.dtype, torch.device(DEVICE), Tuning(**small, pack_weights=False))
     p = on.plan(1)
@@ -1034,6 +1058,79 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     del other
     gc.collect()
     assert on.packed_bytes == 0 and not on._packed
+
+
+@pytest.mark.parametrize("target_vocab,dtype,grid,seed", [(110, torch.float32, 3, 0), (None, torch.float16, 5, 1),
+                                                           pytest.param(110, torch.float16, 12, 2, marks=pytest.mark.slow)])
+def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dtype, grid, seed):
+    """EAGLE-3 launches that stream the QKV hidden half during MERGE read each tree row's
+    embedding half of QKV from the head's table (``kernels.table``): the tree depths have no PREP3
+    or QKV entries, and over calls on one drafter the trees, scores and cache rows equal those of
+    a launch that streams that half, bit for bit (with a d2t map onto a larger target vocabulary,
+    and without one). The table is the embedding norm's product with Wqkv's first half, made
+    once and kept (``packed_bytes``) while the head is unchanged; a weight written in place
+    makes it again, and it goes with the head that made it. ``emb_table_mb=0`` and
+    ``pack_weights=False`` draft without it."""
+    from frontier.backends.triton.kernels import Phase
+    from frontier.backends.torch_ref.layer import rms_norm
+    from frontier.backends.triton.launch import Launcher, Tuning
+
+    over = dict(target_vocab_size=target_vocab) if target_vocab else {}
+    cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, hidden_size=32, num_attention_heads=4,
+                        num_key_value_heads=2, **over)
+    w = random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
+    seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
+    on = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid))
+    off = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid, emb_table_mb=0))
+    assert on.plan(1).tab and on.plan(1).const["TAB"] and not off.plan(1).tab
+    assert not Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid, pack_weights=False)).plan(1).tab
+    for call in range(2):
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+    tree = lambda d: [c // 256 for c in d.schedule_list if c % 256 != 255]  # noqa: E731 (the tree depths' phases)
+    assert Phase.QKV not in tree(on) and Phase.PREP3 not in tree(on)
+    assert tree(off).count(Phase.QKV) == tree(off).count(Phase.PREP3) == cfg.depth
+    assert len(on.schedule_list) == len(off.schedule_list) - 2 * cfg.depth
+    tab, t2d = on._table[3:]
+    nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    assert tab.shape == (cfg.vocab_size, nt) and tab.dtype == torch.float32
+    assert on.packed_bytes - off.packed_bytes == on.table_bytes + t2d.numel() * 4
+    lw = w.layers[0]
+    targets = torch.arange(cfg.vocab_size) + (w.d2t.cpu() if w.d2t is not None else 0)
+    if w.d2t is not None:  # every draft token's target id maps back to it
+        assert torch.equal(t2d.cpu()[targets], torch.arange(cfg.vocab_size, dtype=torch.int32))
+    x = rms_norm(w.embed_tokens[targets.to(DEVICE)], lw.input_layernorm, cfg.rms_norm_eps).float()
+    wqkv = torch.cat([lw.q_proj, lw.k_proj, lw.v_proj])[:, : cfg.hidden_size].float()
+    torch.testing.assert_close(tab, x @ wqkv.T, rtol=1e-5, atol=1e-5)  # (another summation order)
+    with torch.no_grad():
+        w.embed_tokens.mul_(1.5)  # in place: the same tensor, a new version
+    try:
+        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+        assert on._table[3] is not tab
+    finally:
+        with torch.no_grad():
+            w.embed_tokens.div_(1.5)
+    other = random_weights(cfg, seed=seed + 2, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
+    _assert_same_bits(_launch_on(on, cfg, other, seqs), _launch_on(off, cfg, other, seqs))
+    assert on._table[0]() is other.layers[0].q_proj
+    del other
+    gc.collect()
+    assert on._table is None and on.packed_bytes == 0
+
+
+def test_embedding_qkv_table_only_where_it_fits_its_limit():
+    """``Tuning.emb_table_mb`` bounds the table (fp32, one row per draft token): a head whose
+    table is larger streams the embedding half instead; 0 never makes one; a negative limit is
+    refused by name."""
+    from frontier.backends.triton.launch import Launcher, Tuning
+
+    cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=40000, target_vocab_size=50000, hidden_size=32,
+                        num_attention_heads=4, num_key_value_heads=2)
+    d = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=3))
+    assert d.table_bytes == 4 * 40000 * 8 * 8  # 10.24 MB: (4 + 2 * 2) heads of 8
+    assert {mb: Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=3, emb_table_mb=mb)).plan(1).tab
+            for mb in (0, 9, 10)} == {0: False, 9: False, 10: True}
+    with pytest.raises(ValueError, match="emb_table_mb must be an integer >= 0"):
+        Tuning(emb_table_mb=-1)
 
 
 def test_select_in_merge_by_default_only_where_merge_streams_the_qkv_half():

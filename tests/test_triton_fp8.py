@@ -216,6 +216,22 @@ def test_word_reads_of_unswapped_fp8_tiles_are_the_dequantized_dot(pow2):
     torch.testing.assert_close(out[0], ref, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("dtype,pow2", [(torch.float16, False), (torch.float32, True),
+                                        pytest.param(torch.float16, True, marks=_slow)])
+def test_fp8_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(dtype, pow2):
+    """An fp8 head's embedding-QKV table (``kernels.table``) is made by the QKV stream's own fp8
+    form (16-bit dtypes: the swapped dot; scales applied or dequantized as that stream applies
+    them): over two calls on one cache the launch that reads it drafts the trees, scores and
+    cache rows of the launch that streams that half, bit for bit."""
+    cfg, q = _head("eagle3", dtype, pow2, seed=5)
+    form = stream_formats(q, dtype)
+    on = Launcher(cfg, dtype, torch.device(DEVICE), LAUNCHES["narrow"], form).plan(1)
+    off = dataclasses.replace(LAUNCHES["narrow"], emb_table_mb=0)
+    assert on.tab and not Launcher(cfg, dtype, torch.device(DEVICE), off, form).plan(1).tab
+    assert on.const["W8_QKV"] & SWAP_DOT == (SWAP_DOT if dtype.itemsize == 2 else 0)
+    _assert_identical(_draft_sequence(cfg, q, 3, LAUNCHES["narrow"]), _draft_sequence(cfg, q, 3, off))
+
+
 @pytest.mark.parametrize("arch,pow2,launch,batch", [("eagle3", True, "narrow", 1), ("eagle2", False, "narrow", 1),
                                                     pytest.param("eagle3", False, "narrow", 1, marks=_slow),
                                                     pytest.param("eagle3", True, "wide", 2, marks=_slow)])

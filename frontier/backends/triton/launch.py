@@ -59,14 +59,15 @@ class Launcher(LaunchPlanner):
         self.ws: Optional[Workspace] = None
         self.cos: Optional[torch.Tensor] = None
         self.sin: Optional[torch.Tensor] = None
-        self.schedule_codes = {  # keyed by LaunchPlan (wide, fused, sel); sel only at narrow launches
-            (split, fused, sel): build_schedule(cfg.architecture, cfg.depth, split, fused, sel)
+        self.schedule_codes = {  # keyed by LaunchPlan (wide, fused, sel, tab); sel and tab only at narrow launches
+            (split, fused, sel, tab): build_schedule(cfg.architecture, cfg.depth, split, fused, sel, tab)
             for split in (False, True) for fused in (False, True) for sel in ((False,) if split else (False, True))
+            for tab in ((False, True) if sel else (False,))
         }
         self.schedules = {key: torch.tensor(codes, dtype=torch.int32, device=device)
                           for key, codes in self.schedule_codes.items()}
-        self.schedule = self.schedules[False, False, False]  # the schedule of the last launch
-        self.schedule_list = self.schedule_codes[False, False, False]  # the same, on the host
+        self.schedule = self.schedules[False, False, False, False]  # the schedule of the last launch
+        self.schedule_list = self.schedule_codes[False, False, False, False]  # the same, on the host
         self.step_grid_list: list[int] = []  # programs per schedule entry of the last step launches
         self.n_steps = len(self.schedule)
         self._graphs: dict = {}  # mode="graph": captured step launches, by batch shape and buffers
@@ -82,6 +83,7 @@ class Launcher(LaunchPlanner):
         # read is freed
         self.pin_packed = False
         self._held: dict = {}  # pin_packed: tensors graphs may read that nothing else keeps, by address
+        self._table: Optional[tuple] = None  # ``emb_table``: (Wq's ref, its sources' stamp, build key, table, t2d)
 
     # ------------------------------------------------------------------------------------------
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
@@ -127,8 +129,61 @@ class Launcher(LaunchPlanner):
 
     @property
     def packed_bytes(self) -> int:
-        """Device memory held by the packed weight copies (``Tuning.pack_weights``)."""
-        return sum(e[4].numel() * e[4].element_size() for e in self._packed.values())
+        """Device memory held by the packed weight copies (``Tuning.pack_weights``) and the
+        embedding-QKV table (``Tuning.emb_table_mb``)."""
+        held = [e[4] for e in self._packed.values()] + (list(self._table[3:]) if self._table else [])
+        return sum(t.numel() * t.element_size() for t in held)
+
+    _TABLE_CONST = ("BMP", "BNS_QKV", "BK_QKV", "ST_LIN", "IEEE", "VEC_W", "W8_QKV", "BLOCK_H", "HAS_D2T",
+                    "num_warps", "num_stages", "enable_fp_fusion")  # what the tree QKV phase's bits depend on
+
+    def emb_table(self, args: dict, const: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's embedding-QKV table and its t2d map (``kernels.table``) for a launch with
+        these arguments and constants: made on first use with the tree QKV phase's constants and
+        grid, and kept while its source tensors (embeddings, input norm, Wq / Wk / Wv, the QKV
+        scales, d2t) are unchanged (``weights.stamp_matches``) and the constants the same;
+        otherwise made again (under a Drafter the old one is held, as packed copies are). Like a
+        packed copy it goes when its head's Wq is freed."""
+        from .kernels.table import emb_norm_kernel, emb_qkv_kernel
+
+        cfg = self.cfg
+        has_d2t = const["HAS_D2T"]
+        srcs = [args[k] for k in ("emb_ptr", "ln_in_ptr", "wq_ptr", "wk_ptr", "wv_ptr")]
+        srcs += [args["sqkv_ptr"]] if const["W8_QKV"] else []
+        srcs += [args["d2t_ptr"]] if has_d2t else []
+        key = tuple(const[k] for k in self._TABLE_CONST) + (args["RP_QKV"], self.grid)
+        e = self._table
+        if e is not None and e[2] == key and stamp_matches(e[1], srcs):
+            return e[3], e[4]
+        self._table = None
+        if self.pin_packed and e is not None:
+            self._held.update((t.data_ptr(), t) for t in e[3:])
+        v, h, dev = cfg.vocab_size, cfg.hidden_size, self.device
+        nq, nkvd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        t2d = torch.zeros(max(cfg.target_vocab_size, 1), dtype=torch.int32, device=dev)
+        if has_d2t:  # (every tree token is a draft token's target id d + d2t[d])
+            d = torch.arange(v, device=dev)
+            t2d[(d + args["d2t_ptr"][:v].to(dev)).clamp(0, cfg.target_vocab_size - 1)] = d.to(torch.int32)
+        xn = torch.empty(v, h, dtype=self.dtype, device=dev)
+        tab = torch.empty(v, nq + 2 * nkvd, dtype=torch.float32, device=dev)
+        launch = dict(num_warps=const["num_warps"], num_stages=const["num_stages"],
+                      enable_fp_fusion=const["enable_fp_fusion"])
+        emb_norm_kernel[(min(v, 4 * self.grid),)](
+            args["emb_ptr"], args["d2t_ptr"], args["ln_in_ptr"], xn, v, cfg.target_vocab_size, h,
+            float(cfg.rms_norm_eps), HAS_D2T=has_d2t, BLOCK_H=const["BLOCK_H"], **launch)
+        emb_qkv_kernel[(self.grid,)](
+            xn, v, h, args["wq_ptr"], args["wk_ptr"], args["wv_ptr"], nq, nkvd, args["sqkv_ptr"], tab, args["RP_QKV"],
+            BM=const["BMP"], BNS=const["BNS_QKV"], BK=const["BK_QKV"], IEEE=const["IEEE"], VEC=const["VEC_W"],
+            ST=const["ST_LIN"], W8=const["W8_QKV"], **launch)
+        me = weakref.ref(self)
+
+        def gone(ref):  # the head's Wq was freed: so is its table
+            launcher = me()
+            if launcher is not None and launcher._table is not None and launcher._table[0] is ref:
+                launcher._table = None
+
+        self._table = (weakref.ref(args["wq_ptr"], gone), tensors_stamp(srcs), key, tab, t2d)
+        return tab, t2d
 
     def workspace(self, batch: int, rows: int) -> Workspace:
         if self.ws is None or self.ws.batch < batch or self.ws.rows < rows:
@@ -278,8 +333,8 @@ class Launcher(LaunchPlanner):
         rows, packed weight copies) are allocated on first use."""
         cfg, ws = self.cfg, self.ws
         p = self.plan(nb)
-        self.schedule = self.schedules[p.wide, p.fused, p.sel]
-        self.schedule_list = self.schedule_codes[p.wide, p.fused, p.sel]
+        self.schedule = self.schedules[p.wide, p.fused, p.sel, p.tab]
+        self.schedule_list = self.schedule_codes[p.wide, p.fused, p.sel, p.tab]
         self.n_steps = len(self.schedule)
         if p.wide and (ws.lml is None or ws.lml.numel() < ws.mr * cfg.vocab_size):
             ws.lml = torch.empty(ws.mr, cfg.vocab_size, dtype=self.dtype, device=self.device)
@@ -340,6 +395,7 @@ class Launcher(LaunchPlanner):
         tb = self.tuning.tree_blocks
         const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
                      HAS_FCB=weights.fc_bias is not None, TREE_BLOCKS=tree_blocks if tb is None else tb)
+        args["tab_ptr"], args["t2d_ptr"] = self.emb_table(args, const) if p.tab else (dummy, dummy)
         return args, const
 
     def graphable(self, timing: bool = False) -> bool:

@@ -80,6 +80,7 @@ class LaunchPlan:
     fused: bool
     qh: bool
     sel: bool  # MERGE runs SELECT; the schedule has no SELECT entries
+    tab: bool  # the tree depths read the embedding-QKV table (``kernels.table``): no PREP3 / QKV entries
     pack: bool  # gate, up and lm_head streamed from packed copies (Tuning.pack_weights)
     qh_vec: bool
     part_elems: int
@@ -106,6 +107,12 @@ class LaunchPlanner:
     def ret_width(self) -> int:
         """Columns of padded retrieve_indices: D + 2, as pack_tree(max_depth=D+1) gives."""
         return self.cfg.depth + 2
+
+    @property
+    def table_bytes(self) -> int:
+        """Size of the embedding-QKV table (``kernels.table``): fp32, one row per draft token."""
+        cfg = self.cfg
+        return 4 * cfg.vocab_size * (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
 
     def attn_chunks(self, batch: int) -> int:
         """Context chunks per (sequence, KV head) of the split attention: together with the
@@ -244,6 +251,7 @@ class LaunchPlanner:
         qh = self.qkv_ahead(nb, slab_qh)
         pack = tn.pack_weights and not wide and bm + bm2 <= tn.BM
         sel = not wide and qh  # MERGE runs SELECT where it streams the QKV hidden half beside it
+        tab = sel and tn.pack_weights and self.table_bytes <= tn.emb_table_mb * 2**20
         # the context step's small tile (Tuning.ctx_rows): its own sub-slabs, k-chunks and fold
         bmc = max(16, _pow2(nb * tn.ctx_rows)) if wide and tn.ctx_rows > 0 else 0
         if bmc >= bmp:
@@ -305,7 +313,7 @@ class LaunchPlanner:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, PACK_W=pack,
             MG_ROWS=wide and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
-            SEL_MG=sel, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
+            SEL_MG=sel, TAB=tab, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,
@@ -325,7 +333,7 @@ class LaunchPlanner:
             **self.formats.const(),
         )
         return LaunchPlan(
-            wide=wide, fused=fused, qh=qh, sel=sel, pack=pack, qh_vec=h * w_qkv % 16 == 0,
+            wide=wide, fused=fused, qh=qh, sel=sel, tab=tab, pack=pack, qh_vec=h * w_qkv % 16 == 0,
             part_elems=max(s_qkv * (nq + 2 * nkv), s_o * h, s_d * h) if wide else 0,
             slabs=dict(RP_FC=rp_fc, RP_QKV=rp_qkv, RP_O=rp_o, RP_GU=rp_gu, RP_D=rp_d, RP_LM=rp_lm, NCH=nch,
                        RPS_QKV=rps_qkv, RPS_O=rps_o, RPS_D=rps_d, SPL_QKV=s_qkv, SPL_O=s_o, SPL_D=s_d, RP_QH=rp_qh),

@@ -54,6 +54,7 @@ def drafter_kernel(
     meta_ptr, row_seq_ptr, feat_ptr, ids_ptr, root_ptr, kv_ptr,
     # workspace
     hcur_ptr, hres_ptr, xin_ptr, qkv_ptr, qr_ptr, ao_ptr, h1_ptr, n2_ptr, act_ptr, hout_ptr, nf_ptr, xh_ptr, qh_ptr,
+    tab_ptr, t2d_ptr,
     tk_ptr, tv_ptr, apm_ptr, apl_ptr, aacc_ptr, lmk_ptr, lmmax_ptr, lmsum_ptr, lml_ptr, part_ptr, sel_lp_ptr, sel_tok_ptr,
     fr_score_ptr, fr_tok_ptr, fr_src_ptr, fr_pick_ptr, anc_ptr,
     cand_score_ptr, cand_tok_ptr, row_par_ptr, cnt_ptr, pf_ptr, out_tok_ptr, out_par_ptr, out_score_ptr,
@@ -85,7 +86,7 @@ def drafter_kernel(
     MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
     KEY32_SEL: tl.constexpr = False, PACK_W: tl.constexpr = False,
     W8_FC: tl.constexpr = 0, W8_QKV: tl.constexpr = 0, W8_O: tl.constexpr = 0, W8_GU: tl.constexpr = 0,
-    W8_D: tl.constexpr = 0, W8_LM: tl.constexpr = 0,
+    W8_D: tl.constexpr = 0, W8_LM: tl.constexpr = 0, TAB: tl.constexpr = False,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -137,7 +138,11 @@ def drafter_kernel(
     written. The launch lets the next one start (which then waits the same way) right after the
     wait (PDL 1) or after its own phase's work (PDL 2).
     W8_FC / W8_QKV / W8_O / W8_GU / W8_D / W8_LM: each stream's weight format (``stream``'s module
-    docstring: 0 the compute dtype, 1 and 2 fp8 e4m3 with the row scales s*_ptr)."""
+    docstring: 0 the compute dtype, 1 and 2 fp8 e4m3 with the row scales s*_ptr).
+    TAB (QH launches, where the launcher holds the head's embedding-QKV table ``tab`` [V, NQ +
+    2 * NKVD] fp32 and ``t2d``, each target token's draft index; ``table``): the tree depths
+    have no PREP and QKV entries; their RoPE makes each row's QKV from the table and the QH
+    partial, and gathers the row's hidden input, itself."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -229,7 +234,10 @@ def drafter_kernel(
                              cos_ptr, sin_ptr, NH, NKV, HD, H, BLOCK_R, BLOCK_D, BLOCK_H, VEC_KV)
             else:
                 _ph_rope_tree(pid, nprog, B * K, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr, B * SK * HD, SK,
-                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D, SPLITK, part_ptr, SPL_QKV, MR)
+                              cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D, SPLITK, part_ptr, SPL_QKV, MR,
+                              TAB=TAB, tab_ptr=tab_ptr, t2d_ptr=t2d_ptr, tok_ptr=fr_tok_ptr, src_ptr=fr_src_ptr,
+                              qh_ptr=qh_ptr, hout_ptr=hout_ptr, hcur_ptr=hcur_ptr, H=H, V=V, Vt=Vt,
+                              HAS_D2T=HAS_D2T, BLOCK_H=BLOCK_H)
         elif (ph == PH_ATTN) | (ph == PH_ATTN2):
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)
