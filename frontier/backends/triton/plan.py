@@ -313,7 +313,7 @@ class LaunchPlanner:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, PACK_W=pack,
             MG_ROWS=wide and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
-            SEL_MG=sel, TAB=tab, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
+            SEL_MG=sel, TAB=tab, BLOCK_QKV=_pow2(nq + 2 * nkv) if tab else 16, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,

@@ -163,28 +163,27 @@ def _ph_rope_ctx(pid, nprog, N, meta_ptr, row_seq_ptr, qkv_ptr, qr_ptr, hcur_ptr
 
 @triton.jit
 def _tree_qkv_row(r, M, qkv_ptr, width, tab_ptr, t2d_ptr, tok_ptr, src_ptr, qh_ptr, hout_ptr, hcur_ptr, H, V, Vt,
-                  HAS_D2T: tl.constexpr, BLOCK_H: tl.constexpr):
+                  HAS_D2T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_QKV: tl.constexpr):
     """Frontier row r's QKV from the embedding-QKV table (``table``): tab[d] (d the row's draft
     token, ``t2d`` of its target id) + qh[src] (the hidden half, streamed during MERGE), rounded -
     what the QKV phase's MODE 7 stores, the same bits - and the row's hidden input hcur[r] =
-    hout[src] (what PREP's gather stores; src clamped into [0, M) as both clamp it)."""
+    hout[src] (what PREP's gather stores; src clamped into [0, M) as both clamp it). The whole
+    row (BLOCK_QKV >= its width) is read at once: one round of dependent loads, not one per chunk."""
     DT = qkv_ptr.dtype.element_ty
     tok = tl.load(tok_ptr + r, cache_modifier=".cg")
+    src = tl.load(src_ptr + r, cache_modifier=".cg")
+    src = tl.minimum(tl.maximum(src, 0), M - 1)
+    rh = tl.arange(0, BLOCK_H)
+    h = tl.load(hout_ptr + src * H + rh, mask=rh < H, other=0.0, cache_modifier=".cg")
     tok = tl.minimum(tl.maximum(tok, 0), Vt - 1)
     d = tok
     if HAS_D2T:
         d = tl.load(t2d_ptr + tok).to(tl.int64)
     d = tl.minimum(tl.maximum(d, 0), V - 1)
-    src = tl.load(src_ptr + r, cache_modifier=".cg")
-    src = tl.minimum(tl.maximum(src, 0), M - 1)
-    rc = tl.arange(0, 1024)
-    for c0 in range(0, width, 1024):
-        c = c0 + rc
-        e = tl.load(tab_ptr + d * width + c, mask=c < width, other=0.0)
-        part = tl.load(qh_ptr + src * width + c, mask=c < width, other=0.0, cache_modifier=".cg")
-        tl.store(qkv_ptr + r * width + c, (e + part).to(DT), mask=c < width)
-    rh = tl.arange(0, BLOCK_H)
-    h = tl.load(hout_ptr + src * H + rh, mask=rh < H, other=0.0, cache_modifier=".cg")
+    c = tl.arange(0, BLOCK_QKV)
+    part = tl.load(qh_ptr + src * width + c, mask=c < width, other=0.0, cache_modifier=".cg")
+    e = tl.load(tab_ptr + d * width + c, mask=c < width, other=0.0)
+    tl.store(qkv_ptr + r * width + c, (e + part).to(DT), mask=c < width)
     tl.store(hcur_ptr + r * H + rh, h, mask=rh < H)
 
 
@@ -193,7 +192,8 @@ def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr
                   cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   SUMS: tl.constexpr = False, part_ptr=0, SPL=1, MR=1,
                   TAB: tl.constexpr = False, tab_ptr=0, t2d_ptr=0, tok_ptr=0, src_ptr=0, qh_ptr=0, hout_ptr=0,
-                  hcur_ptr=0, H=1, V=1, Vt=1, HAS_D2T: tl.constexpr = False, BLOCK_H: tl.constexpr = 16):
+                  hcur_ptr=0, H=1, V=1, Vt=1, HAS_D2T: tl.constexpr = False, BLOCK_H: tl.constexpr = 16,
+                  BLOCK_QKV: tl.constexpr = 16):
     """Depth i, the M = B*K frontier rows, one row (all heads) per item: row r = b*K + j sits at
     position L_b + i; q goes to qr[r], k (rotated) and v to tree slot b*SK + i*K + j of the tree
     scratch. SUMS: the row is first the sum of the split-K QKV's SPL fp32 partials, in order,
@@ -214,7 +214,7 @@ def _ph_rope_tree(pid, nprog, M, K, i, meta_ptr, qkv_ptr, qr_ptr, tk_ptr, tv_ptr
             tl.debug_barrier()  # (the rotation reads columns other threads stored)
         elif TAB:
             _tree_qkv_row(r, M, qkv_ptr, width, tab_ptr, t2d_ptr, tok_ptr, src_ptr, qh_ptr, hout_ptr, hcur_ptr,
-                          H, V, Vt, HAS_D2T, BLOCK_H)
+                          H, V, Vt, HAS_D2T, BLOCK_H, BLOCK_QKV)
             tl.debug_barrier()
         b = r // K
         mb = meta_ptr + b * META_W

@@ -86,7 +86,7 @@ def drafter_kernel(
     MG_ROWS: tl.constexpr = False, BV_MG: tl.constexpr = 16, G_MG: tl.constexpr = 8, SEL_MG: tl.constexpr = False,
     KEY32_SEL: tl.constexpr = False, PACK_W: tl.constexpr = False,
     W8_FC: tl.constexpr = 0, W8_QKV: tl.constexpr = 0, W8_O: tl.constexpr = 0, W8_GU: tl.constexpr = 0,
-    W8_D: tl.constexpr = 0, W8_LM: tl.constexpr = 0, TAB: tl.constexpr = False,
+    W8_D: tl.constexpr = 0, W8_LM: tl.constexpr = 0, TAB: tl.constexpr = False, BLOCK_QKV: tl.constexpr = 16,
 ):
     """B sequences at once. Context step rows: the N new rows of all sequences, packed in
     sequence order (``meta`` gives each sequence's first row and count, ``row_seq`` each row's
@@ -141,8 +141,8 @@ def drafter_kernel(
     docstring: 0 the compute dtype, 1 and 2 fp8 e4m3 with the row scales s*_ptr).
     TAB (QH launches, where the launcher holds the head's embedding-QKV table ``tab`` [V, NQ +
     2 * NKVD] fp32 and ``t2d``, each target token's draft index; ``table``): the tree depths
-    have no PREP and QKV entries; their RoPE makes each row's QKV from the table and the QH
-    partial, and gathers the row's hidden input, itself."""
+    have no PREP and QKV entries; their RoPE makes each row's QKV (BLOCK_QKV columns at once) from
+    the table and the QH partial, and gathers the row's hidden input, itself."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     DT = hcur_ptr.dtype.element_ty
@@ -237,7 +237,7 @@ def drafter_kernel(
                               cos_ptr, sin_ptr, NH, NKV, HD, BLOCK_R, BLOCK_D, SPLITK, part_ptr, SPL_QKV, MR,
                               TAB=TAB, tab_ptr=tab_ptr, t2d_ptr=t2d_ptr, tok_ptr=fr_tok_ptr, src_ptr=fr_src_ptr,
                               qh_ptr=qh_ptr, hout_ptr=hout_ptr, hcur_ptr=hcur_ptr, H=H, V=V, Vt=Vt,
-                              HAS_D2T=HAS_D2T, BLOCK_H=BLOCK_H)
+                              HAS_D2T=HAS_D2T, BLOCK_H=BLOCK_H, BLOCK_QKV=BLOCK_QKV)
         elif (ph == PH_ATTN) | (ph == PH_ATTN2):
             r_att = tl.where(is_ctx, 1, K)
             n_anc = tl.where(is_ctx, 0, i + 1)
