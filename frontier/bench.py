@@ -119,7 +119,7 @@ class BenchRow:
     ragged: bool = False
     contexts: list[int] = field(default_factory=list)  # each sequence's context length
     kv_mb: float = 0.0  # cached K/V rows the call's forwards attend over (not in the floor)
-    packed_mb: float = 0.0  # the triton drafter's packed weight copies after the run (Tuning.pack_weights)
+    packed_mb: float = 0.0  # the triton drafter's packed weight copies and embedding-QKV table after the run
     weights: str = "plain"  # BenchCase.weights
 
     def pct(self, variant: str) -> float:
@@ -545,7 +545,8 @@ def format_table(rows: list[BenchRow], bandwidth: float) -> str:
     out.insert(1, "-+-".join("-" * w for w in widths))
     packed = {r.preset + (f" {r.weights}" if formats else ""): r.packed_mb for r in rows if r.packed_mb > 0}
     if packed:  # the memory the speed costs (extra to the head's weights)
-        out.append("triton's packed weight copies (Tuning.pack_weights, kept per head): "
+        out.append("triton's packed weight copies and embedding-QKV table (Tuning.pack_weights, emb_table_mb; "
+                   "kept per head): "
                    + ", ".join(f"{p} {mb:.0f} MB" for p, mb in packed.items()))
     return head + "\n".join(out)
 

@@ -128,9 +128,9 @@ class Drafter:
     cfg: the head's :class:`FrontierConfig` (tree shape and dimensions).
     weights: the draft head (:class:`DraftWeights` or a loaded ``DraftHead``); None for the stub.
         Checked here, once, and what the backend derives from it is held by the Drafter (triton:
-        packed weight copies, an fp8 head's formats and scales; torch_ref: an fp8 head's
-        dequantized copy), while a replay runs no host code: make a new Drafter after changing
-        the head's weights.
+        packed weight copies and the embedding-QKV table, an fp8 head's formats and scales;
+        torch_ref: an fp8 head's dequantized copy), while a replay runs no host code: make a new
+        Drafter after changing the head's weights.
     backend: "triton" (GPU; the interpreter on CPU), "torch_ref" or "stub", or a plugin that
         implements ``Backend.static_drafter``.
     max_batch: slots B. max_context: committed cache rows per slot.

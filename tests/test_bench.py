@@ -286,7 +286,8 @@ def test_table_reports_the_packed_weight_copies_once_per_preset():
         r.packed_mb = 597.4
     rows.append(BenchRow("1b", 7, 1, "GPU", floor_ms=0.5, weight_mb=2000, results={"triton": 1.0}, packed_mb=231.2))
     lines = format_table(rows, 4.0e12).splitlines()
-    assert lines[-1] == "triton's packed weight copies (Tuning.pack_weights, kept per head): 8b 597 MB, 1b 231 MB"
+    assert lines[-1] == ("triton's packed weight copies and embedding-QKV table (Tuning.pack_weights, emb_table_mb; "
+                         "kept per head): 8b 597 MB, 1b 231 MB")
     assert all("packed" not in line for line in lines[:-1])
     assert row_json(rows, rows[0])["packed_mb"] == 597.4
     assert "packed" not in format_table(rows_fixture(), 4.0e12)  # none made (e.g. torch_ref alone): no line

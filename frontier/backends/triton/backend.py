@@ -27,7 +27,8 @@ def _triton_importable() -> tuple[bool, str]:
 class TritonBackend(Backend):
     name = "triton"
     requires_weights = True
-    # mode: how the phases launch; pack_weights: stream packed weight copies; tuning: tile and
+    # mode: how the phases launch; pack_weights: stream packed weight copies (and read the
+    # embedding-QKV table); tuning: tile and
     # launch-shape overrides (a Tuning, or "field=value,..."); pack: who packs the tree ("kernel"
     # or "torch"); trace: the candidate list in Frontier.info
     options = ("mode", "pack_weights", "tuning", "pack", "trace")
@@ -63,8 +64,8 @@ class TritonBackend(Backend):
                 tuning=None, formats=None):
         """The drafter of (cfg, dtype, device, tuning, weight formats), made on first use and
         kept; ``tuning`` (a :class:`~.tuning.Tuning`, default the measured one) with
-        ``pack_weights`` False: one that streams the weights as they are (no packed copies, none
-        of their memory); ``formats``: the head's ``fp8.stream_formats`` (default: no fp8)."""
+        ``pack_weights`` False: one that streams the weights as they are (no packed copies or
+        embedding-QKV table, none of their memory); ``formats``: the head's ``fp8.stream_formats`` (default: no fp8)."""
         import dataclasses
 
         from .fp8 import StreamFormats
