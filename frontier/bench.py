@@ -186,7 +186,9 @@ def device_weights(cfg: FrontierConfig, *, device: Any, dtype: torch.dtype, seed
 
 def floor_bytes(cfg: FrontierConfig, w: DraftWeights) -> int:
     """Bytes a draft call must stream: the fc once, layer + lm_head once per forward (the same
-    for a batch call: one weight pass serves every sequence)."""
+    for a batch call: one weight pass serves every sequence). (The triton backend's batch-1
+    EAGLE-3 launches read the tree depths' QKV embedding half from a per-head table instead of
+    streaming it; the floor still counts it.)"""
     return w.fc_bytes() + (cfg.depth + 1) * w.layer_bytes()
 
 
