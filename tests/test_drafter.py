@@ -194,7 +194,7 @@ def _cpu_drafter(backend, *, max_batch, seed, max_context=32):
 
 def _hostile_setup(backend):
     cfg = random_config(**CFG)
-    w = _weights(backend, cfg)
+    w = _weights(backend, cfg, device=backend_device(backend))
     d = Drafter(cfg, w, backend=backend, max_batch=2, max_context=24, device=backend_device(backend))
     seqs = _Sequences(cfg, backend, d, w, seed=6)
     seqs.prefill([10, 8])
@@ -286,11 +286,12 @@ def test_constructor_and_argument_errors():
 
 def test_a_head_triton_cannot_run_falls_back_when_asked():
     cfg = random_config(total_token=20, depth=1, top_k=17, vocab_size=48, target_vocab_size=80)
-    w = random_weights(cfg, seed=0)
+    dev = backend_device("triton")
+    w = random_weights(cfg, seed=0, device=dev)
     with pytest.raises(InputError, match="top_k <= 16"):
-        Drafter(cfg, w, backend="triton", device="cpu")
+        Drafter(cfg, w, backend="triton", device=dev)
     with pytest.warns(RuntimeWarning, match="top_k <= 16.*falling back to 'torch_ref'"):
-        d = Drafter(cfg, w, backend="triton", device="cpu", fallback=True)
+        d = Drafter(cfg, w, backend="triton", device=dev, fallback=True)
     assert d.backend == "torch_ref" and d.options == {}
 
 
@@ -304,11 +305,12 @@ def test_what_a_drafter_derives_from_an_fp8_head_outlives_the_heads_memo(backend
     import weakref
 
     cfg = random_config(**CFG)
-    w = random_weights(cfg, seed=3, lm_head_scale=6.0).quantized()
-    d = Drafter(cfg, w, backend=backend, max_context=24, device="cpu")
+    dev = backend_device(backend)
+    w = random_weights(cfg, seed=3, lm_head_scale=6.0, device=dev).quantized()
+    d = Drafter(cfg, w, backend=backend, max_context=24, device=dev)
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(0, cfg.target_vocab_size, (5,), generator=g)
-    d.stage(0, torch.randn(5, cfg.feature_size, generator=g), ids)
+    d.stage(0, torch.randn(5, cfg.feature_size, generator=g).to(dev), ids.to(dev))
     first = d.draft(1, commit=False).draft_tokens.clone()
     memo = w._memo  # (the head's derived data: key -> (stamp, value))
     derived = [memo["dequantized"][1].layers[0].q_proj] if backend == "torch_ref" else [memo["triton_qkv_scale"][1]]
