@@ -1060,17 +1060,19 @@ def test_packed_weights_draft_the_same_bits_as_row_major(arch, hidden, grid, see
     assert on.packed_bytes == 0 and not on._packed
 
 
-@pytest.mark.parametrize("target_vocab,dtype,grid,seed", [(110, torch.float32, 3, 0), (None, torch.float16, 5, 1),
-                                                           pytest.param(110, torch.float16, 12, 2, marks=pytest.mark.slow)])
-def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dtype, grid, seed):
+@pytest.mark.parametrize("target_vocab,dtype,grid,batch,seed", [
+    (110, torch.float32, 3, 1, 0), (None, torch.float16, 5, 2, 1),
+    pytest.param(110, torch.float16, 12, 3, 2, marks=pytest.mark.slow)])
+def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dtype, grid, batch, seed):
     """EAGLE-3 launches that stream the QKV hidden half during MERGE read each tree row's
     embedding half of QKV from the head's table (``kernels.table``): the tree depths have no PREP3
     or QKV entries, and over calls on one drafter the trees, scores and cache rows equal those of
-    a launch that streams that half, bit for bit (with a d2t map onto a larger target vocabulary,
-    and without one). The table is the embedding norm's product with Wqkv's first half, made
-    once and kept (``packed_bytes``) while the head is unchanged; a weight written in place
-    makes it again, and it goes with the head that made it. ``emb_table_mb=0`` and
-    ``pack_weights=False`` draft without it."""
+    a launch that streams that half, bit for bit (with a d2t map onto a larger target vocabulary
+    and without one; one sequence and ragged batches whose tree rows fit the tile; rows of several
+    k-chunks). The table is the embedding norm's product with Wqkv's first half, made once and
+    kept (``packed_bytes``) while the head is unchanged; any of its sources written in place
+    makes it again (in the same memory under a Drafter's ``pin_packed``), and it goes with the
+    head that made it. ``emb_table_mb=0`` and ``pack_weights=False`` draft without it."""
     from frontier.backends.triton.kernels import Phase
     from frontier.backends.torch_ref.layer import rms_norm
     from frontier.backends.triton.launch import Launcher, Tuning
@@ -1079,39 +1081,55 @@ def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dty
     cfg = random_config(total_token=14, depth=3, top_k=3, vocab_size=70, hidden_size=32, num_attention_heads=4,
                         num_key_value_heads=2, **over)
     w = random_weights(cfg, seed=seed, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
-    seqs, _ = _ragged(cfg, seed + 1, batch=1, lo=3, hi=9)
-    on = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid))
-    off = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid, emb_table_mb=0))
-    assert on.plan(1).tab and on.plan(1).const["TAB"] and not off.plan(1).tab
-    assert not Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid, pack_weights=False)).plan(1).tab
+    seqs, _ = _ragged(cfg, seed + 1, batch=batch, lo=3, hi=9)
+    small = dict(grid=grid, stage_bytes=256 * dtype.itemsize)  # k-chunks of 16 columns: two per row
+    on = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(**small))
+    pinned = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(**small))
+    pinned.pin_packed = True
+    off = Launcher(cfg, dtype, torch.device(DEVICE), Tuning(**small, emb_table_mb=0))
+    assert on.plan(batch).tab and on.plan(batch).const["TAB"] and not off.plan(batch).tab
+    assert on.plan(batch).const["BK_QKV"] == 16
+    assert not Launcher(cfg, dtype, torch.device(DEVICE), Tuning(grid=grid, pack_weights=False)).plan(batch).tab
     for call in range(2):
         _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
     tree = lambda d: [c // 256 for c in d.schedule_list if c % 256 != 255]  # noqa: E731 (the tree depths' phases)
     assert Phase.QKV not in tree(on) and Phase.PREP3 not in tree(on)
     assert tree(off).count(Phase.QKV) == tree(off).count(Phase.PREP3) == cfg.depth
     assert len(on.schedule_list) == len(off.schedule_list) - 2 * cfg.depth
-    tab, t2d = on._table[3:]
+    tab, t2d = on._table.tab, on._table.t2d
     nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     assert tab.shape == (cfg.vocab_size, nt) and tab.dtype == torch.float32
-    assert on.packed_bytes - off.packed_bytes == on.table_bytes + t2d.numel() * 4
+    assert on.packed_bytes - off.packed_bytes == on.table_bytes + (0 if t2d is None else 4 * cfg.target_vocab_size)
     lw = w.layers[0]
     targets = torch.arange(cfg.vocab_size) + (w.d2t.cpu() if w.d2t is not None else 0)
-    if w.d2t is not None:  # every draft token's target id maps back to it
+    assert (t2d is None) == (w.d2t is None)
+    if t2d is not None:  # every draft token's target id maps back to it
         assert torch.equal(t2d.cpu()[targets], torch.arange(cfg.vocab_size, dtype=torch.int32))
     x = rms_norm(w.embed_tokens[targets.to(DEVICE)], lw.input_layernorm, cfg.rms_norm_eps).float()
     wqkv = torch.cat([lw.q_proj, lw.k_proj, lw.v_proj])[:, : cfg.hidden_size].float()
     torch.testing.assert_close(tab, x @ wqkv.T, rtol=1e-5, atol=1e-5)  # (another summation order)
-    with torch.no_grad():
-        w.embed_tokens.mul_(1.5)  # in place: the same tensor, a new version
-    try:
-        _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
-        assert on._table[3] is not tab
-    finally:
+    _launch_on(pinned, cfg, w, seqs)
+    pinned_tab = pinned._table.tab
+    sources = [w.embed_tokens, lw.input_layernorm, lw.k_proj] + ([w.d2t] if w.d2t is not None else [])
+    for src in sources:  # in place: the same tensor, a new version
+        before = on._table.tab
         with torch.no_grad():
-            w.embed_tokens.div_(1.5)
+            saved = src.clone()
+            if src.dtype == torch.int64:  # d2t: two draft tokens swap their target ids
+                t0, t1 = int(src[0]), int(src[1]) + 1
+                src[0], src[1] = t1 - 1, t0 - 1
+            else:
+                src.mul_(1.5)
+        try:
+            _assert_same_bits(_launch_on(on, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+            _assert_same_bits(_launch_on(pinned, cfg, w, seqs), _launch_on(off, cfg, w, seqs))
+            assert on._table.tab is not before and pinned._table.tab is pinned_tab, src.shape
+        finally:
+            with torch.no_grad():
+                src.copy_(saved)
     other = random_weights(cfg, seed=seed + 2, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
     _assert_same_bits(_launch_on(on, cfg, other, seqs), _launch_on(off, cfg, other, seqs))
-    assert on._table[0]() is other.layers[0].q_proj
+    assert on._table.ref() is other.layers[0].q_proj
     del other
     gc.collect()
     assert on._table is None and on.packed_bytes == 0
@@ -1128,7 +1146,7 @@ def test_embedding_qkv_table_only_where_it_fits_its_limit():
     d = Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=3))
     assert d.table_bytes == 4 * 40000 * 8 * 8  # 10.24 MB: (4 + 2 * 2) heads of 8
     assert {mb: Launcher(cfg, torch.float32, torch.device(DEVICE), Tuning(grid=3, emb_table_mb=mb)).plan(1).tab
-            for mb in (0, 9, 10)} == {0: False, 9: False, 10: True}
+            for mb in (0, 10, 11)} == {0: False, 10: False, 11: True}
     with pytest.raises(ValueError, match="emb_table_mb must be an integer >= 0"):
         Tuning(emb_table_mb=-1)
 

@@ -222,13 +222,19 @@ def test_fp8_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(dtype, pow2):
     """An fp8 head's embedding-QKV table (``kernels.table``) is made by the QKV stream's own fp8
     form (16-bit dtypes: the swapped dot; scales applied or dequantized as that stream applies
     them): over two calls on one cache the launch that reads it drafts the trees, scores and
-    cache rows of the launch that streams that half, bit for bit."""
+    cache rows of the launch that streams that half, bit for bit; a QKV scale written in place
+    (clear_memo() too, which drops the concatenated QKV scales) makes it again."""
     cfg, q = _head("eagle3", dtype, pow2, seed=5)
     form = stream_formats(q, dtype)
     on = Launcher(cfg, dtype, torch.device(DEVICE), LAUNCHES["narrow"], form).plan(1)
     off = dataclasses.replace(LAUNCHES["narrow"], emb_table_mb=0)
     assert on.tab and not Launcher(cfg, dtype, torch.device(DEVICE), off, form).plan(1).tab
     assert on.const["W8_QKV"] & SWAP_DOT == (SWAP_DOT if dtype.itemsize == 2 else 0)
+    _assert_identical(_draft_sequence(cfg, q, 3, LAUNCHES["narrow"]), _draft_sequence(cfg, q, 3, off))
+    k_scale = q.scales["midlayer.self_attn.k_proj.weight"]
+    with torch.no_grad():
+        k_scale.mul_(2.0)  # (a power of two: the stream format stays)
+    q.clear_memo()
     _assert_identical(_draft_sequence(cfg, q, 3, LAUNCHES["narrow"]), _draft_sequence(cfg, q, 3, off))
 
 

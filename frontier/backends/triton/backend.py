@@ -27,8 +27,8 @@ def _triton_importable() -> tuple[bool, str]:
 class TritonBackend(Backend):
     name = "triton"
     requires_weights = True
-    # mode: how the phases launch; pack_weights: stream packed weight copies (and read the
-    # embedding-QKV table); tuning: tile and
+    # mode: how the phases launch; pack_weights: stream packed weight copies and read the
+    # embedding-QKV table (copies derived from the head's weights); tuning: tile and
     # launch-shape overrides (a Tuning, or "field=value,..."); pack: who packs the tree ("kernel"
     # or "torch"); trace: the candidate list in Frontier.info
     options = ("mode", "pack_weights", "tuning", "pack", "trace")

@@ -84,6 +84,12 @@ def _stream_keys(weights) -> dict[str, tuple[str, ...]]:
     }
 
 
+def qkv_scales(weights) -> list[torch.Tensor]:
+    """The q, k and v projections' own fp32 row scales (none for a head whose QKV is not fp8):
+    what the QKV stream's scales are made of."""
+    return [weights.scales[k] for k in _stream_keys(weights)["qkv"] if k in weights.scales]
+
+
 def _exact(scale: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether every scale is a power of two whose products with every e4m3 value are exact in
     ``dtype`` (e4m3 values are multiples of 2^-9 of at most 448, with 4 significant bits)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -24,7 +24,7 @@ from ...errors import KernelError
 from ...weights import stamp_matches, tensors_stamp
 from .kernels import HAS_GDC, META_W, drafter_kernel
 from .kernels.layout import CONTEXT_STEP, Phase
-from .fp8 import StreamFormats, stream_scales
+from .fp8 import StreamFormats, qkv_scales, stream_scales
 from .plan import LaunchPlanner, interpreting, pack_slabs, rows_aligned
 from .schedule import build_schedule
 from .tuning import Tuning, _pow2
@@ -41,9 +41,19 @@ def num_sms(device: torch.device) -> int:
     return _GRID_CACHE[idx]
 
 
+class _Table(NamedTuple):
+    """The embedding-QKV table a launcher keeps (``Launcher.emb_table``)."""
+
+    ref: weakref.ref  # the head's Wq (the table goes with it)
+    stamp: tuple  # its sources' stamp (``weights.tensors_stamp``)
+    key: tuple  # the constants, slab and grid it was made with
+    tab: torch.Tensor  # [V, NQ + 2 * NKVD] fp32
+    t2d: Optional[torch.Tensor]  # [Vt] int32: each target id's draft index (None without d2t)
+
+
 class Launcher(LaunchPlanner):
     """Launch state for one (config, dtype, device, weight formats): workspace, rotary tables,
-    schedules, packed weight copies and captured graphs."""
+    schedules, packed weight copies, the embedding-QKV table and captured graphs."""
 
     def __init__(self, cfg, dtype: torch.dtype, device: torch.device, tuning: Optional[Tuning] = None,
                  formats: Optional[StreamFormats] = None):
@@ -83,7 +93,8 @@ class Launcher(LaunchPlanner):
         # read is freed
         self.pin_packed = False
         self._held: dict = {}  # pin_packed: tensors graphs may read that nothing else keeps, by address
-        self._table: Optional[tuple] = None  # ``emb_table``: (Wq's ref, its sources' stamp, build key, table, t2d)
+        # (the embedding-QKV table is made again in place under pin_packed, as packed copies are)
+        self._table: Optional[_Table] = None  # the embedding-QKV table (``emb_table``)
 
     # ------------------------------------------------------------------------------------------
     def packed(self, role: str, w: torch.Tensor, rp: int, bk: int) -> torch.Tensor:
@@ -131,59 +142,76 @@ class Launcher(LaunchPlanner):
     def packed_bytes(self) -> int:
         """Device memory held by the packed weight copies (``Tuning.pack_weights``) and the
         embedding-QKV table (``Tuning.emb_table_mb``)."""
-        held = [e[4] for e in self._packed.values()] + (list(self._table[3:]) if self._table else [])
+        held = [e[4] for e in self._packed.values()]
+        if self._table is not None:
+            held += [t for t in self._table[3:] if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
     _TABLE_CONST = ("BMP", "BNS_QKV", "BK_QKV", "ST_LIN", "IEEE", "VEC_W", "W8_QKV", "BLOCK_H", "HAS_D2T",
                     "num_warps", "num_stages", "enable_fp_fusion")  # what the tree QKV phase's bits depend on
 
-    def emb_table(self, args: dict, const: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's embedding-QKV table and its t2d map (``kernels.table``) for a launch with
-        these arguments and constants: made on first use with the tree QKV phase's constants and
-        grid, and kept while its source tensors (embeddings, input norm, Wq / Wk / Wv, the QKV
-        scales, d2t) are unchanged (``weights.stamp_matches``) and the constants the same;
-        otherwise made again (under a Drafter the old one is held, as packed copies are). Like a
-        packed copy it goes when its head's Wq is freed."""
-        from .kernels.table import emb_norm_kernel, emb_qkv_kernel
-
-        cfg = self.cfg
-        has_d2t = const["HAS_D2T"]
-        srcs = [args[k] for k in ("emb_ptr", "ln_in_ptr", "wq_ptr", "wk_ptr", "wv_ptr")]
-        srcs += [args["sqkv_ptr"]] if const["W8_QKV"] else []
-        srcs += [args["d2t_ptr"]] if has_d2t else []
+    def emb_table(self, weights, args: dict, const: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's embedding-QKV table and its t2d map (``kernels.table``; without a d2t map
+        the launch's placeholder ``sync_ptr``) for a launch with these arguments and constants: made on first use
+        with the tree QKV phase's constants and grid, and kept while its sources (embeddings,
+        input norm, Wq / Wk / Wv and their fp8 scales, d2t) are unchanged
+        (``weights.stamp_matches``) and the constants the same. Otherwise it is made again, as
+        a packed copy is: in the same memory under a Drafter (``pin_packed``: its graphs read
+        that memory), else after the old one is freed; and like a packed copy it goes when its
+        head's Wq is freed. (One table per launcher: drafting two heads by turns on one drafter
+        makes it again on every switch.)"""
+        srcs = [args[k] for k in ("emb_ptr", "ln_in_ptr", "wq_ptr", "wk_ptr", "wv_ptr")] + qkv_scales(weights)
+        srcs += [args["d2t_ptr"]] if const["HAS_D2T"] else []
         key = tuple(const[k] for k in self._TABLE_CONST) + (args["RP_QKV"], self.grid)
-        e = self._table
-        if e is not None and e[2] == key and stamp_matches(e[1], srcs):
-            return e[3], e[4]
+        old = self._table
+        if old is not None and old.key == key and stamp_matches(old.stamp, srcs):
+            return old.tab, old.t2d if old.t2d is not None else args["sync_ptr"]
         self._table = None
-        if self.pin_packed and e is not None:
-            self._held.update((t.data_ptr(), t) for t in e[3:])
-        v, h, dev = cfg.vocab_size, cfg.hidden_size, self.device
-        nq, nkvd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        t2d = torch.zeros(max(cfg.target_vocab_size, 1), dtype=torch.int32, device=dev)
-        if has_d2t:  # (every tree token is a draft token's target id d + d2t[d])
-            d = torch.arange(v, device=dev)
-            t2d[(d + args["d2t_ptr"][:v].to(dev)).clamp(0, cfg.target_vocab_size - 1)] = d.to(torch.int32)
-        xn = torch.empty(v, h, dtype=self.dtype, device=dev)
-        tab = torch.empty(v, nq + 2 * nkvd, dtype=torch.float32, device=dev)
-        launch = dict(num_warps=const["num_warps"], num_stages=const["num_stages"],
-                      enable_fp_fusion=const["enable_fp_fusion"])
-        emb_norm_kernel[(min(v, 4 * self.grid),)](
-            args["emb_ptr"], args["d2t_ptr"], args["ln_in_ptr"], xn, v, cfg.target_vocab_size, h,
-            float(cfg.rms_norm_eps), HAS_D2T=has_d2t, BLOCK_H=const["BLOCK_H"], **launch)
-        emb_qkv_kernel[(self.grid,)](
-            xn, v, h, args["wq_ptr"], args["wk_ptr"], args["wv_ptr"], nq, nkvd, args["sqkv_ptr"], tab, args["RP_QKV"],
-            BM=const["BMP"], BNS=const["BNS_QKV"], BK=const["BK_QKV"], IEEE=const["IEEE"], VEC=const["VEC_W"],
-            ST=const["ST_LIN"], W8=const["W8_QKV"], **launch)
+        if old is not None and self.pin_packed and (old.t2d is not None) == const["HAS_D2T"]:
+            tab, t2d = old.tab, old.t2d  # refilled in place: a captured graph reads this memory
+        else:
+            if old is not None and self.pin_packed:
+                self._held.update((t.data_ptr(), t) for t in old[3:] if t is not None)
+            del old  # (otherwise freed before the new one is made)
+            cfg = self.cfg
+            nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+            tab = torch.empty(cfg.vocab_size, nt, dtype=torch.float32, device=self.device)
+            t2d = (torch.empty(cfg.target_vocab_size, dtype=torch.int32, device=self.device)
+                   if const["HAS_D2T"] else None)
+        self._build_table(args, const, tab, t2d)
         me = weakref.ref(self)
 
         def gone(ref):  # the head's Wq was freed: so is its table
             launcher = me()
-            if launcher is not None and launcher._table is not None and launcher._table[0] is ref:
+            if launcher is not None and launcher._table is not None and launcher._table.ref is ref:
                 launcher._table = None
 
-        self._table = (weakref.ref(args["wq_ptr"], gone), tensors_stamp(srcs), key, tab, t2d)
-        return tab, t2d
+        self._table = _Table(weakref.ref(args["wq_ptr"], gone), tensors_stamp(srcs), key, tab, t2d)
+        return tab, t2d if t2d is not None else args["sync_ptr"]
+
+    def _build_table(self, args: dict, const: dict, tab: torch.Tensor, t2d: Optional[torch.Tensor]) -> None:
+        """Fill ``tab`` [V, NQ + 2 * NKVD] and (with a d2t map) ``t2d`` [Vt]: the two table
+        kernels on the tree QKV phase's constants and grid, and each draft token's index at its
+        target id (ids no draft token maps to: 0; no tree row holds one)."""
+        from .kernels.table import emb_norm_kernel, emb_qkv_kernel
+
+        cfg = self.cfg
+        v, h, vt = cfg.vocab_size, cfg.hidden_size, cfg.target_vocab_size
+        nq, nkvd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        if const["HAS_D2T"]:
+            d = torch.arange(v, device=self.device)
+            t2d.zero_()
+            t2d[(d + args["d2t_ptr"][:v]).clamp(0, vt - 1)] = d.to(torch.int32)
+        xn = torch.empty(v, h, dtype=self.dtype, device=self.device)  # the draft tokens' normed embeddings
+        launch = dict(num_warps=const["num_warps"], num_stages=const["num_stages"],
+                      enable_fp_fusion=const["enable_fp_fusion"])
+        emb_norm_kernel[(min(v, 4 * self.grid),)](
+            args["emb_ptr"], args["d2t_ptr"], args["ln_in_ptr"], xn, v, vt, h, float(cfg.rms_norm_eps),
+            HAS_D2T=const["HAS_D2T"], BLOCK_H=const["BLOCK_H"], **launch)
+        emb_qkv_kernel[(self.grid,)](
+            xn, v, h, args["wq_ptr"], args["wk_ptr"], args["wv_ptr"], nq, nkvd, args["sqkv_ptr"], tab,
+            args["RP_QKV"], BM=const["BMP"], BNS=const["BNS_QKV"], BK=const["BK_QKV"], IEEE=const["IEEE"],
+            VEC=const["VEC_W"], ST=const["ST_LIN"], W8=const["W8_QKV"], **launch)
 
     def workspace(self, batch: int, rows: int) -> Workspace:
         if self.ws is None or self.ws.batch < batch or self.ws.rows < rows:
@@ -395,7 +423,7 @@ class Launcher(LaunchPlanner):
         tb = self.tuning.tree_blocks
         const = dict(p.const, **vec, VEC_QH=vec["VEC_W"] if p.qh_vec else 1, HAS_D2T=has_d2t,
                      HAS_FCB=weights.fc_bias is not None, TREE_BLOCKS=tree_blocks if tb is None else tb)
-        args["tab_ptr"], args["t2d_ptr"] = self.emb_table(args, const) if p.tab else (dummy, dummy)
+        args["tab_ptr"], args["t2d_ptr"] = self.emb_table(weights, args, const) if p.tab else (dummy, dummy)
         return args, const
 
     def graphable(self, timing: bool = False) -> bool:

@@ -251,7 +251,9 @@ class LaunchPlanner:
         qh = self.qkv_ahead(nb, slab_qh)
         pack = tn.pack_weights and not wide and bm + bm2 <= tn.BM
         sel = not wide and qh  # MERGE runs SELECT where it streams the QKV hidden half beside it
-        tab = sel and tn.pack_weights and self.table_bytes <= tn.emb_table_mb * 2**20
+        # the embedding-QKV table where it fits Tuning.emb_table_mb (and the int32 offsets of its kernels)
+        tab = (sel and tn.pack_weights and self.table_bytes <= tn.emb_table_mb * 10**6
+               and self.table_bytes // 4 < 2**31 and cfg.vocab_size * h < 2**31)
         # the context step's small tile (Tuning.ctx_rows): its own sub-slabs, k-chunks and fold
         bmc = max(16, _pow2(nb * tn.ctx_rows)) if wide and tn.ctx_rows > 0 else 0
         if bmc >= bmp:
@@ -313,7 +315,8 @@ class LaunchPlanner:
             BMK_LM=tn.lm_stat_rows, KEY16_LM=el == 2 and bnp_lm <= 65536,
             KEY32_MG=key32_mg, PACK_W=pack,
             MG_ROWS=wide and cfg.vocab_size <= 65536, BV_MG=bv_mg, G_MG=min(tn.merge_group, bv_mg),
-            SEL_MG=sel, TAB=tab, BLOCK_QKV=_pow2(nq + 2 * nkv) if tab else 16, KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
+            SEL_MG=sel, TAB=tab, BLOCK_QKV=_pow2(nq + 2 * nkv) if tab else 16,
+            KEY32_SEL=el == 2 and cfg.top_k ** 2 <= 65536,
             EAGLE3=eagle3, IEEE=self.dtype == torch.float32,
             BM=bm, BM2=bm2, BMP=bmp, BMP_B=bmb, KP=self.kp,
             BNS_FC=bns_fc, BK_FC=bk_fc, BNS_QKV=bns_qkv, BK_QKV=bk_qkv, BNS_O=bns_o, BK_O=bk_o,

@@ -11,9 +11,9 @@ An entry is ``phase * 256 + depth`` (``kernels.layout``; depth ``CONTEXT_STEP`` 
 Attention is three phases (ATTN, ATTN2, ATTN3: per-part statistics, P @ V, the sum over parts)
 or, in batched launches, the one fused phase ATTN_F. Launches whose MERGE runs each sequence's
 SELECT itself drop the SELECT entries; those that read the embedding-QKV table (``kernels.table``)
-also drop the tree depths' PREP3 and QKV (RoPE makes each row's QKV from the table). Wide launches split K in the tree depths' QKV, o_proj and
-down; the phase after each sums the partials, except EAGLE-2's down, which has no norm after it
-and gets the reduction phase RED_D.
+also drop the tree depths' PREP3 and QKV (RoPE makes each row's QKV from the table). Wide
+launches split K in the tree depths' QKV, o_proj and down; the phase after each sums the
+partials, except EAGLE-2's down, which has no norm after it and gets the reduction phase RED_D.
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ block; here one small launch (``kernels.stage``) builds that block from the draf
 ``lengths`` and ``new_rows``, packs the staged rows (slot after slot) into the workspace and
 flags bad values, and another one after the draft commits the valid slots' rows. Every launch
 covers the workspace's row capacity (rows past the call's N exit), so one captured graph serves
-any mix of row counts. The launcher (workspace, rotary tables, packed weight copies) is private
-to the Drafter and sized for every batch up to ``max_batch`` when it is made; packed weight
-copies are kept per slab plan and repacked in place: a graph captured at one batch size stays
-valid whatever the Drafter runs afterwards.
+any mix of row counts. The launcher (workspace, rotary tables, packed weight copies, the
+embedding-QKV table) is private to the Drafter and sized for every batch up to ``max_batch`` when
+it is made; packed weight copies are kept per slab plan and repacked in place, and the table is
+made again in place: a graph captured at one batch size stays valid whatever the Drafter runs
+afterwards.
 """
 
 from __future__ import annotations

@@ -76,12 +76,12 @@ class Tuning:
     # (batch 1): each stage reads one contiguous block. Costs about the three matrices' size in
     # memory; the backend's option pack_weights=False drafts without the copies.
     pack_weights: bool = True
-    # EAGLE-3 launches that stream the QKV hidden half during MERGE (batch 1) read the embedding
-    # half of every tree row's QKV from a per-head table of the V draft tokens (fp32, V x (NQ + 2
-    # NKVD): 786 MB at 8B) where it takes at most this many MB (0: never), instead of streaming
-    # that half of Wqkv at every depth (8B at batch 1 on an H200: fp8 1.276 against 1.365 ms, bf16
-    # 1.743 against 1.866; the same bits). A derived copy like the packed ones: pack_weights=False
-    # drafts without it too.
+    # EAGLE-3 launches that stream the QKV hidden half during MERGE (tree rows in the batch-1 tile:
+    # batch 1 at top_k 10) read the embedding half of every tree row's QKV from a per-head table of
+    # the V draft tokens (fp32, V x (NQ + 2 NKVD): 786 MB at 8B) where it takes at most this many MB
+    # (10^6 bytes; 0: never), instead of streaming that half of Wqkv at every depth (8B at batch 1
+    # on an H200: fp8 1.276 against 1.365 ms, bf16 1.743 against 1.866; the same bits). A derived
+    # copy like the packed ones: pack_weights=False drafts without it too.
     emb_table_mb: int = 1024
 
     # tile sizes that become tl.arange / tl.dot extents

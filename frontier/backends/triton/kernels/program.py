@@ -103,7 +103,7 @@ def drafter_kernel(
     QH (eagle3; the launcher enables it at batch 1): the tree depths' QKV is split along its input - the hidden half
     streamed one step early, during MERGE (``_ph_qkv_hidden``: NORM_F also writes the rows'
     hidden_norm into xh, qh holds the fp32 partials), the embedding half in PH_QKV, which adds
-    each row's parent partial.
+    each row's parent partial (or, with TAB, read from the embedding-QKV table by RoPE).
     ST_LIN / ST_GU / ST_LM: software-pipeline stages of the weight streams' k-loops - the linear
     phases (fc, QKV, o_proj, down and their split-K forms), gate/up, the lm_head.
     FOLD_FC / FOLD_O / FOLD_D: the unsplit fc, o_proj and down streams' k-chunks folded that
