@@ -1111,13 +1111,13 @@ def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dty
     _launch_on(pinned, cfg, w, seqs)
     pinned_tab = pinned._table.tab
     sources = [w.embed_tokens, lw.input_layernorm, lw.k_proj] + ([w.d2t] if w.d2t is not None else [])
-    for src in sources:  # in place: the same tensor, a new version
+    for src in sources:  # in place, one at a time: the same tensor, a new version
         before = on._table.tab
         with torch.no_grad():
             saved = src.clone()
-            if src.dtype == torch.int64:  # d2t: two draft tokens swap their target ids
-                t0, t1 = int(src[0]), int(src[1]) + 1
-                src[0], src[1] = t1 - 1, t0 - 1
+            if src.dtype == torch.int64:  # d2t: every draft token's target id moves up by one
+                d = torch.arange(len(src), device=src.device)
+                src.copy_((src + d + 1) % cfg.target_vocab_size - d)
             else:
                 src.mul_(1.5)
         try:
@@ -1127,6 +1127,8 @@ def test_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(target_vocab, dty
         finally:
             with torch.no_grad():
                 src.copy_(saved)
+        _launch_on(on, cfg, w, seqs)  # (both tables follow the restored head before the next change)
+        _launch_on(pinned, cfg, w, seqs)
     other = random_weights(cfg, seed=seed + 2, lm_head_scale=6.0, dtype=dtype, device=DEVICE)
     _assert_same_bits(_launch_on(on, cfg, other, seqs), _launch_on(off, cfg, other, seqs))
     assert on._table.ref() is other.layers[0].q_proj

@@ -65,7 +65,8 @@ class TritonBackend(Backend):
         """The drafter of (cfg, dtype, device, tuning, weight formats), made on first use and
         kept; ``tuning`` (a :class:`~.tuning.Tuning`, default the measured one) with
         ``pack_weights`` False: one that streams the weights as they are (no packed copies or
-        embedding-QKV table, none of their memory); ``formats``: the head's ``fp8.stream_formats`` (default: no fp8)."""
+        embedding-QKV table, none of their memory); ``formats``: the head's
+        ``fp8.stream_formats`` (default: no fp8)."""
         import dataclasses
 
         from .fp8 import StreamFormats
