@@ -226,10 +226,10 @@ def test_fp8_embedding_qkv_table_drafts_the_bits_of_the_qkv_stream(dtype, pow2):
     (clear_memo() too, which drops the concatenated QKV scales) makes it again."""
     cfg, q = _head("eagle3", dtype, pow2, seed=5)
     form = stream_formats(q, dtype)
-    on = Launcher(cfg, dtype, torch.device(DEVICE), LAUNCHES["narrow"], form).plan(1)
-    off = dataclasses.replace(LAUNCHES["narrow"], emb_table_mb=0)
-    assert on.tab and not Launcher(cfg, dtype, torch.device(DEVICE), off, form).plan(1).tab
-    assert on.const["W8_QKV"] & SWAP_DOT == (SWAP_DOT if dtype.itemsize == 2 else 0)
+    plan = Launcher(cfg, dtype, torch.device(DEVICE), LAUNCHES["narrow"], form).plan(1)
+    off = dataclasses.replace(LAUNCHES["narrow"], emb_table_mb=0)  # (the tuning that streams that half)
+    assert plan.tab and not Launcher(cfg, dtype, torch.device(DEVICE), off, form).plan(1).tab
+    assert plan.const["W8_QKV"] & SWAP_DOT == (SWAP_DOT if dtype.itemsize == 2 else 0)
     _assert_identical(_draft_sequence(cfg, q, 3, LAUNCHES["narrow"]), _draft_sequence(cfg, q, 3, off))
     k_scale = q.scales["midlayer.self_attn.k_proj.weight"]
     with torch.no_grad():
