@@ -161,8 +161,8 @@ def stream_scales(weights, dummy: torch.Tensor) -> dict[str, torch.Tensor]:
         return sc[ks[0]] if ks[0] in sc else dummy
 
     qkv = dummy
-    if keys["qkv"][0] in sc:
-        parts = [sc[k] for k in keys["qkv"]]
+    parts = qkv_scales(weights)
+    if parts:
         hit = weights._memo.get("triton_qkv_scale")
         if hit is None or not stamp_matches(hit[0], parts):
             cat = torch.cat(parts)

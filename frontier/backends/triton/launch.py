@@ -144,7 +144,7 @@ class Launcher(LaunchPlanner):
         embedding-QKV table (``Tuning.emb_table_mb``)."""
         held = [e[4] for e in self._packed.values()]
         if self._table is not None:
-            held += [t for t in self._table[3:] if t is not None]
+            held += [t for t in (self._table.tab, self._table.t2d) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
     _TABLE_CONST = ("BMP", "BNS_QKV", "BK_QKV", "ST_LIN", "IEEE", "VEC_W", "W8_QKV", "BLOCK_H", "HAS_D2T",
