@@ -67,8 +67,48 @@ def _patch_the_language_once_per_launch() -> None:
     executor.__call__ = launch
 
 
+def _sum_fp16_dots_in_k_order() -> None:
+    """Under TRITON_INTERPRET=1 ``tl.dot`` is ``np.matmul`` in fp32, and the BLAS behind it sums a
+    product and its transpose in different orders on some CPUs (on an AVX2 machine, ``x @ w^T`` and
+    ``(w @ x^T)^T`` of fp16 tiles differ in the last bit of a quarter to a third of their sums).
+    The fp8 streams' swapped dot (``stream._w_dot``) would then not give the bits of the unswapped
+    dot of the dequantized weights, which the fp8 tests check, and the tests would pass or fail
+    with the CPU. Products of two fp16 values are exact in fp32, so here an fp16 dot is summed over
+    k in order, one fp32 rounding per term - the same sums for a dot and its transpose on every
+    CPU. Every other dot runs as it comes (fp32 dots keep the BLAS sums that torch's CPU matmul
+    makes)."""
+    try:
+        import inspect
+
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    real_dot = getattr(builder, "create_dot", None)
+    if real_dot is None or handle is None or getattr(real_dot, "k_order", False):
+        return
+    if list(inspect.signature(real_dot).parameters) != ["self", "a", "b", "d", "input_precision",
+                                                         "max_num_imprecise_acc"]:
+        return  # an interpreter laid out otherwise: its dots run as they come
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if not (a.data.dtype == b.data.dtype == np.float16 and d.data.dtype == np.float32):
+            return real_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        x, w = a.data.astype(np.float32), b.data.astype(np.float32)  # [..., m, k], [..., k, n]
+        acc = x[..., :, 0, None] * w[..., None, 0, :]  # the exact products, added over k in order
+        for i in range(1, x.shape[-1]):
+            acc += x[..., :, i, None] * w[..., None, i, :]
+        return handle(acc + d.data, d.dtype.scalar)
+
+    create_dot.k_order = True
+    builder.create_dot = create_dot
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_the_language_once_per_launch()
+    _sum_fp16_dots_in_k_order()
 
 
 def _slow_case(item) -> bool:
