@@ -50,6 +50,11 @@ class _Table(NamedTuple):
     tab: torch.Tensor  # [V, NQ + 2 * NKVD] fp32
     t2d: Optional[torch.Tensor]  # [Vt] int32: each target id's draft index (None without d2t)
 
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The device tensors the table holds."""
+        return [t for t in (self.tab, self.t2d) if t is not None]
+
 
 class Launcher(LaunchPlanner):
     """Launch state for one (config, dtype, device, weight formats): workspace, rotary tables,
@@ -142,9 +147,7 @@ class Launcher(LaunchPlanner):
     def packed_bytes(self) -> int:
         """Device memory held by the packed weight copies (``Tuning.pack_weights``) and the
         embedding-QKV table (``Tuning.emb_table_mb``)."""
-        held = [e[4] for e in self._packed.values()]
-        if self._table is not None:
-            held += [t for t in (self._table.tab, self._table.t2d) if t is not None]
+        held = [e[4] for e in self._packed.values()] + (self._table.tensors if self._table is not None else [])
         return sum(t.numel() * t.element_size() for t in held)
 
     _TABLE_CONST = ("BMP", "BNS_QKV", "BK_QKV", "ST_LIN", "IEEE", "VEC_W", "W8_QKV", "BLOCK_H", "HAS_D2T",
@@ -171,8 +174,8 @@ class Launcher(LaunchPlanner):
             tab, t2d = old.tab, old.t2d  # refilled in place: a captured graph reads this memory
         else:
             if old is not None and self.pin_packed:
-                self._held.update((t.data_ptr(), t) for t in old[3:] if t is not None)
-            del old  # (otherwise freed before the new one is made)
+                self._held.update((t.data_ptr(), t) for t in old.tensors)
+            del old  # (so that, not held, it is freed before the new one is made)
             cfg = self.cfg
             nt = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
             tab = torch.empty(cfg.vocab_size, nt, dtype=torch.float32, device=self.device)
