@@ -310,6 +310,8 @@ class Launcher(LaunchPlanner):
         if mode == "persistent":
             args["n_steps"] = self.n_steps
             const = dict(const, PERSISTENT=True, MAX_SPIN=self.max_spin(), TIMING=int(timing), launch_cooperative_grid=True)
+            if nb == 1 and self.tuning.BLOCK_NA is None and not interpreting():
+                const["BLOCK_NA"] = 32  # (Tuning.BLOCK_NA: the persistent launch's batch-1 block)
             if graphed:
                 self._persistent_graphed(args, const, (self.grid,))
             else:

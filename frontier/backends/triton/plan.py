@@ -325,7 +325,7 @@ class LaunchPlanner:
             SPLITK=wide, BNSS_QKV=bnss_qkv, BKS_QKV=bks_qkv, BNSS_O=bnss_o, BKS_O=bks_o, BNSS_D=bnss_d, BKS_D=bks_d,
             BLOCK_H=_pow2(cfg.hidden_size), BLOCK_D=bs["block_d"], BLOCK_R=_pow2(cfg.num_attention_heads + nkv_heads),
             BLOCK_Q=bs["block_q"], BLOCK_CH=_pow2(nch + cfg.depth + 1),
-            BLOCK_NA=(tn.BLOCK_NA or (32 if nb == 1 else 64)) if not interpreting() else 16,
+            BLOCK_NA=(tn.BLOCK_NA or 64) if not interpreting() else 16,
             BLOCK_NF=tn.fused_block_n if not interpreting() else 16, BLOCK_A=bs["block_a"], BLOCK_K=_pow2(cfg.top_k),
             BLOCK_P=_pow2(-(-cfg.vocab_size // rp_lm)), BLOCK_C=bs["block_c"],
             BLOCK_T=_pow2(cfg.total_token), BLOCK_W=_pow2(self.ret_width),

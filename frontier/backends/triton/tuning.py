@@ -51,7 +51,9 @@ class Tuning:
     lin_stages: Optional[int] = None  # fc / QKV / o_proj / down k-loops (None: num_stages; 2 and 4 were slower)
     gu_stages: Optional[int] = 4  # gate/up k-loop
     lm_stages: Optional[int] = 4  # lm_head k-loop
-    BLOCK_NA: Optional[int] = None  # context keys per split-attention block (None: 32 at batch 1, else 64)
+    # context keys per split-attention block (None: 64, but 32 in the persistent launch at batch 1;
+    # docs/results/tuning_decisions.csv)
+    BLOCK_NA: Optional[int] = None
     attn_chunks: int = 4  # least context chunks per (sequence, KV head) when batching, for an even spread
     fused_attention: bool = True  # big batches: one attention phase per (sequence, KV head)
     fused_block_n: int = 64  # context keys per block of the fused attention
