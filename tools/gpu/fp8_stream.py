@@ -7,7 +7,10 @@ and the down projection (``_ph_linear`` with the residual: bf16 and unswapped fp
 k-chunks folded 4 ways, swapped fp8 unsplit and split ``Tuning.swap_split`` ways in k-chunks of
 up to ``Tuning.split_bk`` columns, the launcher's batch-1 form); and gate/up for the tree rows of
 batches 2, 4 and 16 in the launcher's geometry of those batches (its row tiles: bf16, fp8 read as
-bytes and as words, and fp8 swapped where one tile of at most 64 rows holds them). Each stream is
+bytes and as words, and fp8 swapped where one tile of at most 64 rows holds them); and the batch-1
+swapped gate/up and split down in two other forms beside the shipped one: the same activation
+values in fp16 (each e4m3 pair then converted by one hardware instruction, no integer sequence)
+and two programs of half the warps on each SM (half the rows and stage bytes each). Each stream is
 timed as a CUDA graph of back-to-back calls (device time, no host gaps) over copies of its
 weights that rotate so that no call finds its weights in L2. Prints microseconds per call and
 the bytes streamed per second against the device's copy bandwidth
@@ -162,6 +165,7 @@ def run(shapes: list[str], stage_kb: list[int], reps: int) -> dict:
                       f"max diff {diff:.3g}", flush=True)
         rows += _down(shape, k=n, n=k, grid=grid, bw=bw, reps=reps)
         rows += _tiles(shape, grid, bw, reps)
+        rows += _forms(shape, grid, bw, reps)
     return {"device": torch.cuda.get_device_name(dev), "programs": grid, "copy_bandwidth_Bps": bw, "rows": rows}
 
 
@@ -246,6 +250,67 @@ def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
             print(f"{shape} gate/up batch {b:2d} ({rows} rows, tiles {tiles:6s}) {name:12s} (BK {c['BK_GU']:3d}): "
                   f"{us:7.2f} us, {_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs bf16: "
                   f"{100 * same:.2f}% identical", flush=True)
+    return out
+
+
+FORMS = {  # name -> (activations in fp16, programs per SM)
+    "shipped": (False, 1),
+    "fp16 activations": (True, 1),
+    "two programs of 4 warps per SM": (False, 2),
+}
+
+
+def _forms(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
+    """The batch-1 swapped gate/up (packed, 32 KB stages) and split down (32 KB k-chunks of
+    ``Tuning.split_bk`` columns, split ``swap_split`` ways, one k-slice per warp) in each form of
+    ``FORMS``: fp16 activations hold the same values (drawn where bf16 and fp16 agree), so every
+    form should give the shipped one's bits; two programs per SM each take half the rows and half
+    the stage bytes on half the warps (4), in a grid of twice the SMs."""
+    dev = torch.device("cuda")
+    n, k = SHAPES[shape]
+    gen = torch.Generator(device=dev).manual_seed(3)
+    x = torch.randn(ROWS, max(n, k), device=dev, generator=gen)
+    x = torch.where(x.abs() < 2.0 ** -14, 0.0, x).to(torch.bfloat16)  # values fp16 holds exactly too
+    q, _ = _gateup_mats(n, k, gen)
+    wd, sd = quantize_fp8((torch.randn(k, n, device=dev, generator=gen) * 0.02).to(torch.bfloat16))
+    res = torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16)
+    out, refs = [], {}
+    for name, (half, per) in FORMS.items():
+        xa = x.to(torch.float16) if half else x
+        w8 = FP8_EXACT + SWAP_DOT + (0 if half else BF16_BITS)  # (fp16 activations: Triton's e4m3 -> f16)
+        g = grid * per
+        tn = Tuning(stage_bytes=32768 // per, fp8_stage_bytes=32768 // per, smem_bytes=Tuning().smem_bytes // per)
+        for stream in ("gate/up", "down"):
+            if stream == "gate/up":
+                rp, bns, bk = slab(n, k, g, 1, 2, tn, 16, stages=4, x_elsize=2)
+                nbytes = 2 * n * k
+                copies = [[pack_slabs(m, g, rp, bk) for m, _ in q] for _ in range(_copies(nbytes))]
+                y = torch.zeros(ROWS, n, device=dev, dtype=torch.bfloat16)
+                xs = xa[:, :k].contiguous()
+
+                def call(c, rp=rp, bns=bns, bk=bk, y=y, xs=xs, g=g, w8=w8, per=per):
+                    _gateup_kernel[(g,)](xs, c[0], c[1], y, q[0][1], q[1][1], ROWS, n, k, rp, BNS=bns, BK=bk, ST=4,
+                                         W8=w8, num_warps=8 // per)
+            else:
+                rp, bns, bk = slab(k, n, g, 1, 1, tn, 16, stages=3, x_elsize=2, bk_max=Tuning().split_bk)
+                nbytes = k * n
+                copies = [wd] + [wd.clone() for _ in range(_copies(nbytes) - 1)]
+                y = torch.empty(ROWS, k, device=dev, dtype=torch.bfloat16)
+                xs = xa[:, :n].contiguous()
+
+                def call(c, rp=rp, bns=bns, bk=bk, y=y, xs=xs, g=g, w8=w8, per=per):
+                    _down_kernel[(g,)](xs, c, y, res, sd, ROWS, k, n, rp, BNS=bns, BK=bk, ST=3,
+                                       FOLD=Tuning().swap_split // per, W8=w8, num_warps=8 // per)
+
+            us = _time_us([lambda c=c, call=call: call(c) for c in copies], reps)
+            del copies
+            ref = refs.setdefault(stream, y.clone())
+            same = (y == ref).float().mean().item()
+            out.append(dict(shape=shape, stream=stream, batch=1, weights="fp8 swapped", form=name, BK=bk,
+                            rows_per_program=rp, us=us, bytes=nbytes, pct_bandwidth=_pct(nbytes, us, bw),
+                            identical_to_shipped=same))
+            print(f"{shape} {stream:7s} batch 1, {name:31s} (RP {rp:3d}, BK {bk:4d}): {us:7.2f} us, "
+                  f"{_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs shipped: {100 * same:.2f}% identical", flush=True)
     return out
 
 
