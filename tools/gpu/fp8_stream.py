@@ -1,22 +1,21 @@
-"""One weight stream alone, on one program per SM: at batch 1 (10 activation rows, one 16-row
-tile), in each weight format the triton backend streams - bf16, and e4m3 with power-of-two row
-scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``), the integer
-conversion (``BF16_BITS``) and the word reads of unswapped dots (``PACK_WORDS``) - at a few
-stage sizes: the gate/up phase (``kernels.stream._ph_gateup``, both matrices packed per slab)
-and the down projection (``_ph_linear`` with the residual: bf16 and unswapped fp8 with the
-k-chunks folded 4 ways, swapped fp8 unsplit and split ``Tuning.swap_split`` ways in k-chunks of
-up to ``Tuning.split_bk`` columns, the launcher's batch-1 form); and gate/up for the tree rows of
-batches 2, 4 and 16 in the launcher's geometry of those batches (its row tiles: bf16, fp8 read as
-bytes and as words, and fp8 swapped where one tile of at most 64 rows holds them); and the batch-1
-swapped gate/up and split down in two other forms beside the shipped one: the same activation
-values in fp16 (each e4m3 pair then converted by one hardware instruction, no integer sequence)
-and two programs of half the warps on each SM (half the rows and stage bytes each). Each stream is
-timed as a CUDA graph of back-to-back calls (device time, no host gaps) over copies of its
-weights that rotate so that no call finds its weights in L2. Prints microseconds per call and
-the bytes streamed per second against the device's copy bandwidth
-(``frontier.bench.copy_bandwidth``); every fp8 output is compared with the bf16 stream of the
-dequantized weights (identical, or off in the last bits where the dot's sums are ordered
-differently).
+"""One weight stream alone, on one program per SM (two in one form below): at batch 1 (10 activation
+rows, one 16-row tile), in each weight format the triton backend streams - bf16, and e4m3 with
+power-of-two row scales (``fp8.FP8_EXACT``) with and without the swapped dot (``SWAP_DOT``), the
+integer conversion (``BF16_BITS``) and the word reads of unswapped dots (``PACK_WORDS``) - at a few
+stage sizes: the gate/up phase (``kernels.stream._ph_gateup``, both matrices packed per slab) and
+the down projection (``_ph_linear`` with the residual: bf16 and unswapped fp8 with the k-chunks
+folded 4 ways, swapped fp8 unsplit and split ``Tuning.swap_split`` ways in k-chunks of up to
+``Tuning.split_bk`` columns, the launcher's batch-1 form); and gate/up for the tree rows of batches
+2, 4 and 16 in the launcher's geometry of those batches (its row tiles: bf16, fp8 read as bytes and
+as words, and fp8 swapped where one tile of at most 64 rows holds them); and the batch-1 swapped
+gate/up and split down in two other forms beside the shipped one: the same activation values in fp16
+(each e4m3 pair then converted by one hardware instruction, no integer sequence) and two programs of
+half the warps on each SM (half the rows and shared memory each). Each stream is timed as a CUDA
+graph of back-to-back calls (device time, no host gaps) over copies of its weights that rotate so
+that no call finds its weights in L2. Prints microseconds per call and the bytes streamed per second
+against the device's copy bandwidth (``frontier.bench.copy_bandwidth``); every fp8 output is
+compared with the bf16 stream of the dequantized weights (identical, or off in the last bits where
+the dot's sums are ordered differently), and each other form's with the shipped form's.
 
     python tools/gpu/fp8_stream.py --json-out fp8_stream.json     # needs a CUDA GPU
 
@@ -253,7 +252,7 @@ def _tiles(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
     return out
 
 
-FORMS = {  # name -> (activations in fp16, programs per SM)
+FORMS = {  # name -> (activations in fp16, programs per SM: each with 8 / that many warps)
     "shipped": (False, 1),
     "fp16 activations": (True, 1),
     "two programs of 4 warps per SM": (False, 2),
@@ -261,11 +260,13 @@ FORMS = {  # name -> (activations in fp16, programs per SM)
 
 
 def _forms(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
-    """The batch-1 swapped gate/up (packed, 32 KB stages) and split down (32 KB k-chunks of
-    ``Tuning.split_bk`` columns, split ``swap_split`` ways, one k-slice per warp) in each form of
-    ``FORMS``: fp16 activations hold the same values (drawn where bf16 and fp16 agree), so every
-    form should give the shipped one's bits; two programs per SM each take half the rows and half
-    the stage bytes on half the warps (4), in a grid of twice the SMs."""
+    """The batch-1 swapped gate/up (packed, 32 KB stages) and split down (k-chunks of up to
+    ``Tuning.split_bk`` columns, split one k-slice per warp) in each form of ``FORMS``, the
+    launcher's slab geometry for the form's grid. fp16 activations hold the same values (drawn
+    where bf16 and fp16 agree), so that form should give the shipped one's bits; two programs per SM
+    each take half the rows, stage bytes and shared memory on half the warps, in a grid of twice
+    the SMs (the down's k-chunks then fall to 512 columns in 3 stages, split 4 ways: its sums run
+    in another order)."""
     dev = torch.device("cuda")
     n, k = SHAPES[shape]
     gen = torch.Generator(device=dev).manual_seed(3)
@@ -310,7 +311,8 @@ def _forms(shape: str, grid: int, bw: float, reps: int) -> list[dict]:
                             rows_per_program=rp, us=us, bytes=nbytes, pct_bandwidth=_pct(nbytes, us, bw),
                             identical_to_shipped=same))
             print(f"{shape} {stream:7s} batch 1, {name:31s} (RP {rp:3d}, BK {bk:4d}): {us:7.2f} us, "
-                  f"{_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs shipped: {100 * same:.2f}% identical", flush=True)
+                  f"{_pct(nbytes, us, bw):5.1f}% of copy bandwidth; vs shipped: {100 * same:.2f}% identical",
+                  flush=True)
     return out
 
 
